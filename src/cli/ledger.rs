@@ -1,0 +1,304 @@
+//! `intentfs ledger verify` and `intentfs ledger export --agent-trace`: the audit
+//! commands over a ledger file. Argument parsing and printing only; the work is in
+//! [`crate::ledger`].
+
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+
+use crate::ledger::reader::{verify_chain, verify_drift, DriftKind};
+
+/// `intentfs ledger ...`
+#[derive(Debug, clap::Args)]
+pub struct LedgerArgs {
+    #[command(subcommand)]
+    pub command: LedgerCommand,
+}
+
+/// The ledger subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum LedgerCommand {
+    /// Check the hash chain and, given a workspace, every file's last recorded hash
+    /// against the disk (drift: edits made outside the mount). Exits 1 on any finding.
+    Verify(VerifyArgs),
+    /// Export the ledger in another format (JSON lines on stdout).
+    Export(ExportArgs),
+}
+
+/// `intentfs ledger verify [WORKSPACE] [--ledger FILE] [--json]`
+#[derive(Debug, clap::Args)]
+pub struct VerifyArgs {
+    /// The workspace (default: the current directory, unless --ledger is given).
+    pub workspace: Option<PathBuf>,
+    /// The ledger file (default: WORKSPACE/.orchestration/agent_trace.jsonl).
+    #[arg(long, value_name = "FILE")]
+    pub ledger: Option<PathBuf>,
+    /// Print a JSON report instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `intentfs ledger export --agent-trace [WORKSPACE] [--ledger FILE]`
+#[derive(Debug, clap::Args)]
+pub struct ExportArgs {
+    /// Agent Trace records, one JSON object per WRITE entry (the only format so far).
+    #[arg(long = "agent-trace", required = true)]
+    pub agent_trace: bool,
+    /// The workspace (default: the current directory).
+    pub workspace: Option<PathBuf>,
+    /// The ledger file (default: WORKSPACE/.orchestration/agent_trace.jsonl).
+    #[arg(long, value_name = "FILE")]
+    pub ledger: Option<PathBuf>,
+}
+
+/// Resolves `[WORKSPACE] [--ledger FILE]` the same way for every audit command:
+/// the workspace is the one given, else the current directory; the ledger is the
+/// one given, else the workspace's default. Returns (workspace, ledger, whether the
+/// workspace was given or implied rather than absent because only --ledger was).
+pub fn resolve(
+    workspace: Option<PathBuf>,
+    ledger: Option<PathBuf>,
+) -> anyhow::Result<(PathBuf, PathBuf, bool)> {
+    let explicit = workspace.is_some() || ledger.is_none();
+    let ws = match workspace {
+        Some(w) => w,
+        None => std::env::current_dir().context("cannot read the current directory")?,
+    };
+    let ledger = ledger.unwrap_or_else(|| crate::ledger::default_ledger_path(&ws));
+    if !ledger.is_file() {
+        anyhow::bail!(
+            "no ledger at {:?} (give the workspace, or --ledger FILE)",
+            ledger.display().to_string()
+        );
+    }
+    Ok((ws, ledger, explicit))
+}
+
+/// Runs `intentfs ledger ...`.
+pub fn run(args: LedgerArgs) -> anyhow::Result<ExitCode> {
+    match args.command {
+        LedgerCommand::Verify(a) => verify(a),
+        LedgerCommand::Export(a) => export(a),
+    }
+}
+
+fn verify(a: VerifyArgs) -> anyhow::Result<ExitCode> {
+    let (ws, ledger, check_drift) = resolve(a.workspace, a.ledger)?;
+    let report = verify_chain(&ledger)
+        .with_context(|| format!("cannot read {:?}", ledger.display().to_string()))?;
+    let drift = if check_drift {
+        Some(
+            verify_drift(&ledger, &ws)
+                .with_context(|| format!("cannot check drift in {:?}", ws.display().to_string()))?,
+        )
+    } else {
+        None
+    };
+    let failed = !report.intact() || drift.as_ref().is_some_and(|d| !d.is_empty());
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        let v = serde_json::json!({
+            "ledger": ledger.display().to_string(),
+            "entries": report.entries,
+            "chain_intact": report.intact(),
+            "findings": report.findings,
+            "drift": drift,
+            "ok": !failed,
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+    } else {
+        print_human(
+            &mut out,
+            &ledger,
+            &report,
+            drift.as_deref(),
+            check_drift.then_some(ws.as_path()),
+        )?;
+    }
+    Ok(if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn print_human(
+    out: &mut dyn Write,
+    ledger: &Path,
+    report: &crate::ledger::VerifyReport,
+    drift: Option<&[crate::ledger::Drift]>,
+    ws: Option<&Path>,
+) -> std::io::Result<()> {
+    writeln!(out, "ledger: {}", ledger.display())?;
+    if report.intact() {
+        writeln!(out, "chain: {} entries, intact", report.entries)?;
+    } else {
+        writeln!(
+            out,
+            "chain: {} entries, {} finding(s):",
+            report.entries,
+            report.findings.len()
+        )?;
+        for f in &report.findings {
+            writeln!(out, "  {}", f.message)?;
+        }
+    }
+    match (drift, ws) {
+        (Some([]), Some(ws)) => writeln!(
+            out,
+            "drift: none (every recorded file in {} matches)",
+            ws.display()
+        )?,
+        (Some(d), _) => {
+            writeln!(out, "drift: {} file(s) changed outside the mount:", d.len())?;
+            for x in d {
+                match &x.kind {
+                    DriftKind::Modified { recorded, actual } => writeln!(
+                        out,
+                        "  modified  {}  (ledger line {}: {recorded}, now {actual})",
+                        x.path, x.line
+                    )?,
+                    DriftKind::Missing { recorded } => writeln!(
+                        out,
+                        "  missing   {}  (ledger line {}: {recorded})",
+                        x.path, x.line
+                    )?,
+                }
+            }
+        }
+        (None, _) => writeln!(
+            out,
+            "drift: not checked (give the workspace to compare files with the disk)"
+        )?,
+    }
+    Ok(())
+}
+
+fn export(a: ExportArgs) -> anyhow::Result<ExitCode> {
+    debug_assert!(a.agent_trace);
+    let (_, ledger, _) = resolve(a.workspace, a.ledger)?;
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    crate::ledger::agent_trace::export(&ledger, &mut out)
+        .with_context(|| format!("cannot export {:?}", ledger.display().to_string()))?;
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use crate::ledger::{
+        sha256_file, Agent, Draft, Ledger, LedgerOptions, MutationType, DEFAULT_LEDGER,
+    };
+
+    fn draft(t: MutationType, path: &str) -> Draft {
+        Draft {
+            intent_id: Some("INT-1".into()),
+            agent: Some(Agent {
+                name: "claude".into(),
+                identity: "s".into(),
+                pid: 1,
+                uid: 0,
+                process: "sh".into(),
+            }),
+            mutation_type: Some(t),
+            path: Some(PathBuf::from(path)),
+            outcome: "ok".into(),
+            ..Draft::default()
+        }
+    }
+
+    fn open(p: &Path) -> (Ledger, crate::ledger::OpenReport) {
+        Ledger::open(p, LedgerOptions::default()).unwrap()
+    }
+
+    #[test]
+    fn cli_definitions_are_valid() {
+        use clap::{CommandFactory, Parser};
+        #[derive(Parser)]
+        enum Cli {
+            Ledger(super::LedgerArgs),
+            Log(crate::cli::log::LogArgs),
+            Blame(crate::cli::blame::BlameArgs),
+        }
+        Cli::command().debug_assert();
+        let Cli::Blame(b) =
+            Cli::try_parse_from(["x", "blame", "ws", "src/a.rs", "--json"]).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(
+            b.paths,
+            vec![PathBuf::from("ws"), PathBuf::from("src/a.rs")]
+        );
+        let Cli::Blame(b) = Cli::try_parse_from(["x", "blame", "src/a.rs"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!(b.paths, vec![PathBuf::from("src/a.rs")]);
+        assert!(Cli::try_parse_from(["x", "blame"]).is_err());
+        assert!(
+            Cli::try_parse_from(["x", "ledger", "export", "ws"]).is_err(),
+            "--agent-trace is required"
+        );
+        assert!(Cli::try_parse_from(["x", "ledger", "export", "--agent-trace", "ws"]).is_ok());
+        let Cli::Log(a) = Cli::try_parse_from([
+            "x", "log", "--type", "write", "--since", "2h", "--path", "src/**",
+        ])
+        .unwrap() else {
+            panic!()
+        };
+        let f = crate::cli::log::filter_of(&a, chrono::Utc::now()).unwrap();
+        assert_eq!(f.mutation_type, Some(MutationType::Write));
+        assert!(f.path.unwrap().is_match("src/a/b.rs"));
+    }
+
+    #[test]
+    fn cli_verify_exit_code_and_log_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().to_path_buf();
+        let lp = ws.join(DEFAULT_LEDGER);
+        let (l, _) = open(&lp);
+        std::fs::write(ws.join("a.txt"), "a\n").unwrap();
+        let mut d = draft(MutationType::Write, "a.txt");
+        d.content_hash = Some(sha256_file(&ws.join("a.txt")).unwrap().0);
+        l.record(d).unwrap();
+        let mut d = draft(MutationType::Denial, "secret.env");
+        d.outcome = "denied".into();
+        d.code = Some("SCOPE_VIOLATION".into());
+        l.record(d).unwrap();
+        l.shutdown();
+        let verify = |ws: &Path| {
+            let args = super::LedgerArgs {
+                command: super::LedgerCommand::Verify(super::VerifyArgs {
+                    workspace: Some(ws.to_path_buf()),
+                    ledger: None,
+                    json: true,
+                }),
+            };
+            format!("{:?}", super::run(args).unwrap())
+        };
+        assert_eq!(
+            verify(&ws),
+            format!("{:?}", std::process::ExitCode::SUCCESS)
+        );
+        std::fs::write(ws.join("a.txt"), "b\n").unwrap();
+        assert_eq!(
+            verify(&ws),
+            format!("{:?}", std::process::ExitCode::from(1)),
+            "drift fails verify"
+        );
+
+        let entries = crate::ledger::query(&lp, &crate::ledger::Filter::default()).unwrap();
+        let table = crate::cli::log::table(&entries);
+        let rows: Vec<&str> = table.lines().collect();
+        assert_eq!(rows.len(), 3);
+        // Columns aligned: PATH starts at the same offset in every row.
+        let col = rows[0].find("PATH").unwrap();
+        assert_eq!(&rows[1][col..col + 5], "a.txt");
+        assert_eq!(&rows[2][col..col + 10], "secret.env");
+        assert!(rows[2].ends_with("denied (SCOPE_VIOLATION)"));
+    }
+}

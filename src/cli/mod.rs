@@ -1,0 +1,78 @@
+//! The command line: clap derive, one file per subcommand. Raw arguments are validated into
+//! settings here, before anything is mounted.
+
+mod blame;
+mod check_policy;
+mod ledger;
+mod log;
+mod mount;
+mod run;
+mod runtime;
+mod umount;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// intentfs: a FUSE filesystem that governs AI coding agents.
+///
+/// Mount a workspace through intentfs, let agents work inside the mountpoint, and every
+/// change they make is checked against the intent they selected, refused when stale, and
+/// recorded in a hash-chained audit ledger.
+///
+/// Quick start:
+///   intentfs mount --intent INT-001 ./workspace /mnt/agent
+///   cat /mnt/agent/.intentfs/context
+///   intentfs umount /mnt/agent
+#[derive(Parser, Debug)]
+#[command(
+    name = "intentfs",
+    version,
+    about,
+    long_about,
+    propagate_version = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Mount WORKSPACE at MOUNTPOINT with governance on.
+    Mount(mount::MountArgs),
+    /// Unmount an intentfs mount (plain `umount` works too).
+    #[command(alias = "unmount")]
+    Umount(umount::UmountArgs),
+    /// Run a command as its own agent identity with an intent selected.
+    Run(run::RunArgs),
+    /// Validate a policy file and print its intents.
+    CheckPolicy(check_policy::CheckPolicyArgs),
+    /// Verify or export the audit ledger.
+    Ledger(ledger::LedgerArgs),
+    /// List ledger entries, filtered.
+    Log(log::LogArgs),
+    /// Which intent and agent last changed each line of a file.
+    Blame(blame::BlameArgs),
+}
+
+/// Parse the command line and run the subcommand.
+pub fn run() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Mount(a) => mount::run(a),
+        Command::Umount(a) => umount::run(a),
+        Command::Run(a) => run::run(a),
+        Command::CheckPolicy(a) => check_policy::run(a),
+        Command::Ledger(a) => ledger::run(a),
+        Command::Log(a) => log::run(a),
+        Command::Blame(a) => blame::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("intentfs: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,516 @@
+//! `intentfs mount [OPTIONS] WORKSPACE MOUNTPOINT`.
+//!
+//! Everything that can be wrong is checked before anything is mounted (workspace,
+//! mountpoint, `/dev/fuse`, policy, `--intent`). Then, unless `--foreground`, the process
+//! forks: the child mounts and serves, the parent returns once the mount is live — or
+//! prints the child's error and fails.
+
+use std::io::{BufRead, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+
+use super::runtime;
+use crate::fs::{Fs, FsConfig};
+use crate::fuse::{MountSpec, Mounted};
+use crate::guard::{Approver, Guard, Identities, Protected, Rules};
+use crate::ledger::{Ledger, LedgerOptions};
+use crate::policy::{IntentIgnore, Policy};
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApproverArg {
+    /// Refuse every request that needs a human (sensitive reads).
+    Deny,
+    /// Allow every request that needs a human (unattended, trusted runs only).
+    Allow,
+}
+
+#[derive(clap::Args, Debug)]
+#[command(after_long_help = "EXAMPLES:
+  intentfs mount --intent INT-001 --agent claude ./project /mnt/agent
+  intentfs mount --policy team.yaml --foreground ./project /mnt/agent
+  intentfs umount /mnt/agent
+
+Agents select an intent through the mount itself:
+  cat /mnt/agent/.intentfs/intents          # what can be selected
+  echo INT-001 > /mnt/agent/.intentfs/intent
+  cat /mnt/agent/.intentfs/context          # paste into the agent's prompt
+  cat /mnt/agent/.intentfs/last_error       # why the last operation was refused")]
+pub struct MountArgs {
+    /// The real directory to govern (the backing directory).
+    pub workspace: PathBuf,
+    /// An empty directory where agents will work.
+    pub mountpoint: PathBuf,
+    /// Policy file [default: WORKSPACE/.orchestration/active_intents.yaml].
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// Ledger file [default: WORKSPACE/.orchestration/agent_trace.jsonl].
+    #[arg(long, value_name = "FILE")]
+    pub ledger: Option<PathBuf>,
+    /// Select this intent for the mount's default identity.
+    #[arg(long, value_name = "ID")]
+    pub intent: Option<String>,
+    /// Name recorded as the contributor for the default identity.
+    #[arg(long, value_name = "NAME", default_value = "agent")]
+    pub agent: String,
+    /// Let other users (containers, agents under another uid) use the mount.
+    /// Non-root owners need `user_allow_other` in /etc/fuse.conf.
+    #[arg(long)]
+    pub allow_other: bool,
+    /// What happens to a request that needs a human (a sensitive read).
+    #[arg(long, value_enum, default_value = "deny")]
+    pub approver: ApproverArg,
+    /// Stay attached to the terminal instead of daemonizing; Ctrl-C unmounts.
+    #[arg(long, short = 'f')]
+    pub foreground: bool,
+    /// FUSE worker threads.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub threads: usize,
+    /// Daemon log file [default: the mount's runtime directory, /run/intentfs/...].
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<PathBuf>,
+}
+
+/// Everything validated, ready to mount.
+struct Plan {
+    workspace: PathBuf,
+    mountpoint: PathBuf,
+    policy_path: PathBuf,
+    ledger_path: PathBuf,
+    policy: Policy,
+    ignore: IntentIgnore,
+    args: MountArgs,
+}
+
+fn validate(a: MountArgs) -> anyhow::Result<Plan> {
+    let workspace = a.workspace.canonicalize().map_err(|e| {
+        anyhow!(
+            "workspace {}: {e}\nhint: create it first, or check the path",
+            a.workspace.display()
+        )
+    })?;
+    if !workspace.is_dir() {
+        bail!("workspace {} is not a directory", workspace.display());
+    }
+    let mountpoint = a.mountpoint.canonicalize().map_err(|e| {
+        anyhow!(
+            "mountpoint {}: {e}\nhint: mkdir -p {}",
+            a.mountpoint.display(),
+            a.mountpoint.display()
+        )
+    })?;
+    if !mountpoint.is_dir() {
+        bail!("mountpoint {} is not a directory", mountpoint.display());
+    }
+    if runtime::is_intentfs_mount(&mountpoint) {
+        bail!(
+            "{} is already an intentfs mount\nhint: intentfs umount {}",
+            mountpoint.display(),
+            mountpoint.display()
+        );
+    }
+    if std::fs::read_dir(&mountpoint)
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(true)
+    {
+        bail!(
+            "mountpoint {} is not an empty directory\nhint: mount onto a new empty directory",
+            mountpoint.display()
+        );
+    }
+    if mountpoint.starts_with(&workspace) || workspace.starts_with(&mountpoint) {
+        bail!(
+            "the mountpoint {} and the workspace {} must not contain each other",
+            mountpoint.display(),
+            workspace.display()
+        );
+    }
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
+        bail!("cannot open /dev/fuse: {e}\nhint: load the fuse module (modprobe fuse) and install fuse3; in a container pass --device /dev/fuse");
+    }
+    let policy_path = a
+        .policy
+        .clone()
+        .unwrap_or_else(|| workspace.join(".orchestration/active_intents.yaml"));
+    let policy = Policy::load(&policy_path).map_err(|e| anyhow!("{e}"))?;
+    let ignore = IntentIgnore::load(&workspace).map_err(|e| anyhow!("{e}"))?;
+    if let Some(id) = &a.intent {
+        match policy.intent(id) {
+            None => {
+                let ids: Vec<_> = policy
+                    .intents()
+                    .iter()
+                    .filter(|i| i.selectable())
+                    .map(|i| i.id.clone())
+                    .collect();
+                bail!(
+                    "--intent {id:?} is not in {}\nhint: selectable intents: {}",
+                    policy_path.display(),
+                    if ids.is_empty() {
+                        "(none)".into()
+                    } else {
+                        ids.join(", ")
+                    }
+                );
+            }
+            Some(it) if !it.selectable() => {
+                bail!("--intent {id} is {:?}, not IN_PROGRESS\nhint: set its status to IN_PROGRESS in the policy", it.status)
+            }
+            Some(_) => {}
+        }
+    }
+    let ledger_path = a
+        .ledger
+        .clone()
+        .unwrap_or_else(|| crate::ledger::default_ledger_path(&workspace));
+    Ok(Plan {
+        workspace,
+        mountpoint,
+        policy_path,
+        ledger_path,
+        policy,
+        ignore,
+        args: a,
+    })
+}
+
+/// The policy and ledger files count as protected when they live inside the workspace.
+fn protected_extra(plan: &Plan) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    for p in [&plan.policy_path, &plan.ledger_path] {
+        let abs = if p.is_absolute() {
+            p.clone()
+        } else {
+            std::env::current_dir().unwrap_or_default().join(p)
+        };
+        let abs = abs
+            .parent()
+            .and_then(|d| d.canonicalize().ok())
+            .map(|d| d.join(abs.file_name().unwrap_or_default()))
+            .unwrap_or(abs);
+        if let Ok(rel) = abs.strip_prefix(&plan.workspace) {
+            v.push(rel.to_path_buf());
+        }
+    }
+    v
+}
+
+fn load_rules(policy_path: &Path, workspace: &Path, extra: &[PathBuf]) -> Result<Rules, String> {
+    let policy = Policy::load(policy_path).map_err(|e| e.to_string())?;
+    let ignore = IntentIgnore::load(workspace).map_err(|e| e.to_string())?;
+    Ok(Rules {
+        policy,
+        ignore,
+        protected: Protected::new(extra),
+    })
+}
+
+pub fn run(a: MountArgs) -> anyhow::Result<ExitCode> {
+    let plan = validate(a)?;
+    let rt = runtime::create(&plan.mountpoint).context("creating the runtime directory")?;
+    if plan.args.foreground {
+        init_logging(None);
+        serve(plan, &rt, None)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let log = plan
+        .args
+        .log
+        .clone()
+        .unwrap_or_else(|| rt.join("daemon.log"));
+    let mut fds = [0; 2];
+    // SAFETY: fds is a valid 2-element array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        bail!("pipe: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: both fds were just created and are owned here.
+    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: no other thread exists yet (nothing has been spawned), so fork is safe.
+    match unsafe { libc::fork() } {
+        -1 => bail!("fork: {}", std::io::Error::last_os_error()),
+        0 => {
+            drop(rd);
+            // SAFETY: setsid in the child detaches it from the terminal's session.
+            unsafe { libc::setsid() };
+            redirect_stdio(&log);
+            init_logging(Some(&log));
+            // A duplicate keeps a way to report errors after `serve` consumed the original.
+            let ready = std::fs::File::from(wr);
+            let mut report = ready.try_clone().ok();
+            match serve(plan, &rt, Some(ready)) {
+                Ok(()) => std::process::exit(0),
+                Err(e) => {
+                    if let Some(r) = report.as_mut() {
+                        let _ = writeln!(r, "ERR {e:#}");
+                    }
+                    tracing::error!("{e:#}");
+                    std::process::exit(1)
+                }
+            }
+        }
+        _child => {
+            drop(wr);
+            // One line: "OK" once the mount serves, or "ERR ..."; EOF if the child died.
+            let mut msg = String::new();
+            let _ = std::io::BufReader::new(std::fs::File::from(rd)).read_line(&mut msg);
+            if let Some(m) = msg.strip_prefix("OK") {
+                let _ = m;
+                Ok(ExitCode::SUCCESS)
+            } else if let Some(e) = msg.strip_prefix("ERR ") {
+                bail!("{}", e.trim_end())
+            } else {
+                bail!(
+                    "the mount daemon exited before the mount was ready; see {}",
+                    log.display()
+                )
+            }
+        }
+    }
+}
+
+fn redirect_stdio(log: &Path) {
+    use std::os::fd::AsRawFd;
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null");
+    let logf = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log);
+    // SAFETY: dup2 onto the standard fds of this (child) process.
+    unsafe {
+        if let Ok(n) = &null {
+            libc::dup2(n.as_raw_fd(), 0);
+        }
+        if let Ok(l) = &logf {
+            libc::dup2(l.as_raw_fd(), 1);
+            libc::dup2(l.as_raw_fd(), 2);
+        }
+    }
+}
+
+fn init_logging(_log: Option<&Path>) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("INTENTFS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
+/// Block the termination signals in this thread (and every thread spawned after), so one
+/// thread can wait for them with `sigwait`.
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: sigset manipulation on a local set; pthread_sigmask on the current thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// Mount, signal readiness, serve until unmounted, then close the ledger.
+fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<()> {
+    let sigset = block_signals();
+    let limit = crate::fs::sys::raise_nofile_limit();
+    // Keep half the descriptors for open files; the rest for node handles.
+    let fd_cap = ((limit as usize) / 2).clamp(256, 100_000);
+    let extra = protected_extra(&plan);
+    if let Some(dir) = plan.ledger_path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let (ledger, report) = Ledger::open(
+        &plan.ledger_path,
+        LedgerOptions {
+            workspace: Some(plan.workspace.clone()),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| anyhow!("ledger {}: {e}", plan.ledger_path.display()))?;
+    if let Some(r) = &report.repaired_torn_tail {
+        tracing::warn!("ledger: repaired a torn last line: {r}");
+    }
+    let guard = Arc::new(Guard::new(
+        Rules {
+            policy: plan.policy,
+            ignore: plan.ignore,
+            protected: Protected::new(&extra),
+        },
+        if plan.args.approver == ApproverArg::Allow {
+            Approver::Allow
+        } else {
+            Approver::Deny
+        },
+    ));
+    let ids = Arc::new(Identities::new(
+        plan.args.agent.clone(),
+        plan.args.intent.clone(),
+    ));
+    let cfg = FsConfig {
+        workspace: plan.workspace.clone(),
+        mountpoint: plan.mountpoint.clone(),
+        policy_path: plan.policy_path.clone(),
+        fd_cap,
+    };
+    let fs = Arc::new(Fs::new(
+        cfg,
+        guard.clone(),
+        ids.clone(),
+        Some(ledger.clone()),
+    )?);
+    let spec = MountSpec {
+        allow_other: plan.args.allow_other,
+        threads: plan.args.threads,
+        fsname: format!("intentfs:{}", plan.workspace.display()),
+    };
+    let mut mounted = Mounted::new(fs, &plan.mountpoint, &spec)
+        .map_err(|e| anyhow!("mounting {}: {e}", plan.mountpoint.display()))?;
+    let _ = std::fs::write(rt.join("pid"), format!("{}\n", std::process::id()));
+    let _ = ledger.record_nowait(crate::ledger::Draft {
+        mutation_type: Some(crate::ledger::MutationType::Mount),
+        outcome: "ok".into(),
+        detail: Some(serde_json::json!({
+            "mountpoint": plan.mountpoint.display().to_string(),
+            "policy": plan.policy_path.display().to_string(),
+            "agent": plan.args.agent,
+            "intent": plan.args.intent,
+        })),
+        ..Default::default()
+    });
+    tracing::info!(
+        "mounted {} at {} (policy {}, ledger {})",
+        plan.workspace.display(),
+        plan.mountpoint.display(),
+        plan.policy_path.display(),
+        plan.ledger_path.display()
+    );
+    if let Some(mut r) = ready {
+        // Closing the pipe releases the waiting parent.
+        let _ = writeln!(r, "OK");
+    }
+    // Signals unmount; the session loop then ends on its own.
+    let mut unmounter = mounted.unmounter();
+    let mp = plan.mountpoint.clone();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: sigset is a valid set; sig a valid out-parameter.
+            unsafe { libc::sigwait(&sigset, &mut sig) };
+            tracing::info!("signal {sig}: unmounting {}", mp.display());
+            if let Err(e) = unmounter.unmount() {
+                tracing::warn!("unmount: {e}; retrying lazily");
+                let _ = super::umount::unmount(&mp, true);
+            }
+        })?;
+    let stop = Arc::new(AtomicBool::new(false));
+    spawn_policy_watcher(
+        guard,
+        ids,
+        plan.policy_path.clone(),
+        plan.workspace.clone(),
+        extra,
+        stop.clone(),
+    );
+    let result = mounted.run();
+    stop.store(true, Ordering::Relaxed);
+    let _ = ledger.record(crate::ledger::Draft {
+        mutation_type: Some(crate::ledger::MutationType::Unmount),
+        outcome: "ok".into(),
+        ..Default::default()
+    });
+    ledger.shutdown();
+    let _ = std::fs::remove_file(rt.join("pid"));
+    tracing::info!("unmounted {}", plan.mountpoint.display());
+    result.map_err(|e| anyhow!("serving: {e}"))
+}
+
+/// A file's change stamp (device, inode, size, mtime, ctime).
+fn stamp(p: &Path) -> Option<(u64, u64, u64, i64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(p).ok()?;
+    Some((
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime_nsec(),
+    ))
+}
+
+/// Reload the policy and `.intentignore` when they change on disk; a reload that fails keeps
+/// the last good rules (never falls open) and says so. Also frees identities of ended
+/// sessions.
+fn spawn_policy_watcher(
+    guard: Arc<Guard>,
+    ids: Arc<Identities>,
+    policy: PathBuf,
+    workspace: PathBuf,
+    extra: Vec<PathBuf>,
+    stop: Arc<AtomicBool>,
+) {
+    let ignore = workspace.join(".intentignore");
+    let _ = std::thread::Builder::new()
+        .name("policy-watch".into())
+        .spawn(move || {
+            let mut last = (stamp(&policy), stamp(&ignore));
+            let mut ticks = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(250));
+                ticks += 1;
+                if ticks % 40 == 0 {
+                    let n = ids.reap();
+                    if n > 0 {
+                        tracing::info!("freed {n} identity(ies) whose session ended");
+                    }
+                }
+                let now = (stamp(&policy), stamp(&ignore));
+                if now == last {
+                    continue;
+                }
+                last = now;
+                match load_rules(&policy, &workspace, &extra) {
+                    Ok(r) => {
+                        tracing::info!("policy reloaded: {} intent(s)", r.policy.intents().len());
+                        guard.replace(r);
+                    }
+                    Err(e) => {
+                        tracing::error!("policy reload failed, keeping the last good policy: {e}");
+                        notify_human(
+                            "intentfs: policy reload failed",
+                            &format!("Keeping the last good policy.\n{e}"),
+                        );
+                        guard.set_reload_error(Some(e));
+                    }
+                }
+            }
+        });
+}
+
+/// A best-effort desktop notice (the log line is the reliable channel).
+fn notify_human(summary: &str, body: &str) {
+    if std::env::var_os("DBUS_SESSION_BUS_ADDRESS").is_none() {
+        return;
+    }
+    let _ = notify_rust::Notification::new()
+        .appname("intentfs")
+        .summary(summary)
+        .body(body)
+        .show();
+}

@@ -1,0 +1,398 @@
+//! The inode table: FUSE node ids <-> backing inodes, each reachable through an `O_PATH`
+//! handle that is opened lazily and may be evicted.
+//!
+//! Why evictable handles: a workspace of 100,000 files must work under a 20,000 open-file
+//! cap, and the kernel keeps node references (lookups) for as long as its dentry cache
+//! likes. A node therefore remembers how to reach it again — its (parent, name) — and
+//! re-opens itself one component at a time, checking that the inode found is the one it
+//! knew (same device and inode number). Node ids are the backing inode numbers (git and
+//! other tools rely on stable, real inode numbers), except the root (FUSE requires 1) and
+//! the rare collision, which gets a synthetic id.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+
+use super::sys;
+
+/// FUSE's root node id.
+pub const ROOT: u64 = 1;
+/// Node ids at and above this are never backing inode numbers we hand out directly: the
+/// control directory lives at the top, synthetic ids below it.
+pub const SYNTHETIC_BASE: u64 = 0xF000_0000_0000_0000;
+/// How many names of one inode (hard links) we remember.
+const MAX_ALIASES: usize = 16;
+
+/// One backing inode known to the kernel.
+pub struct Node {
+    /// The id the kernel knows this node by (also reported as `st_ino`).
+    pub nodeid: u64,
+    /// Backing device.
+    pub dev: u64,
+    /// Backing inode number.
+    pub ino: u64,
+    /// `st_mode & S_IFMT` at first sight (the type of an inode never changes).
+    pub kind: u32,
+    /// Kernel lookup count; the node is dropped when `forget` brings it to zero.
+    nlookup: AtomicU64,
+    /// The `O_PATH|O_NOFOLLOW` handle, when currently open.
+    fd: Mutex<Option<Arc<OwnedFd>>>,
+    /// Names this inode is known by, `(parent node id, name)`; the first is the primary one.
+    names: Mutex<Vec<(u64, OsString)>>,
+    /// Shared count of handles held by nodes, for the eviction cap.
+    open_count: Arc<AtomicUsize>,
+}
+
+impl Node {
+    pub fn is_dir(&self) -> bool {
+        self.kind == libc::S_IFDIR
+    }
+    pub fn is_reg(&self) -> bool {
+        self.kind == libc::S_IFREG
+    }
+    pub fn is_symlink(&self) -> bool {
+        self.kind == libc::S_IFLNK
+    }
+    /// The names this inode is known by.
+    pub fn aliases(&self) -> Vec<(u64, OsString)> {
+        self.names.lock().clone()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if self.fd.get_mut().take().is_some() {
+            self.open_count.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+struct Inner {
+    nodes: HashMap<u64, Arc<Node>>,
+    by_backing: HashMap<(u64, u64), u64>,
+}
+
+/// All nodes the kernel currently references.
+pub struct InodeTable {
+    inner: Mutex<Inner>,
+    next_synthetic: AtomicU64,
+    /// Handles currently held by nodes.
+    open_count: Arc<AtomicUsize>,
+    /// Most handles we keep open at once before evicting the oldest.
+    fd_cap: usize,
+    /// Order in which handles were opened (oldest first), for eviction.
+    lru: Mutex<VecDeque<Weak<Node>>>,
+    root: Arc<Node>,
+}
+
+fn same(st: &sys::Stat, node: &Node) -> bool {
+    st.st_dev == node.dev && st.st_ino == node.ino
+}
+
+impl InodeTable {
+    /// A table whose root is the workspace directory behind `root_fd`.
+    pub fn new(root_fd: OwnedFd, fd_cap: usize) -> io::Result<InodeTable> {
+        let st = sys::stat_fd(root_fd.as_fd())?;
+        let open_count = Arc::new(AtomicUsize::new(1));
+        let root = Arc::new(Node {
+            nodeid: ROOT,
+            dev: st.st_dev,
+            ino: st.st_ino,
+            kind: libc::S_IFDIR,
+            nlookup: AtomicU64::new(1),
+            fd: Mutex::new(Some(Arc::new(root_fd))),
+            names: Mutex::new(Vec::new()),
+            open_count: open_count.clone(),
+        });
+        let mut nodes = HashMap::new();
+        nodes.insert(ROOT, root.clone());
+        let mut by_backing = HashMap::new();
+        by_backing.insert((st.st_dev, st.st_ino), ROOT);
+        Ok(InodeTable {
+            inner: Mutex::new(Inner { nodes, by_backing }),
+            next_synthetic: AtomicU64::new(SYNTHETIC_BASE),
+            open_count,
+            fd_cap: fd_cap.max(64),
+            lru: Mutex::new(VecDeque::new()),
+            root,
+        })
+    }
+
+    pub fn root(&self) -> &Arc<Node> {
+        &self.root
+    }
+
+    /// The node with this id, if the kernel still references it.
+    pub fn get(&self, nodeid: u64) -> Option<Arc<Node>> {
+        self.inner.lock().nodes.get(&nodeid).cloned()
+    }
+
+    /// The node for a backing inode, if known.
+    pub fn by_backing(&self, dev: u64, ino: u64) -> Option<Arc<Node>> {
+        let inner = self.inner.lock();
+        inner
+            .by_backing
+            .get(&(dev, ino))
+            .and_then(|id| inner.nodes.get(id))
+            .cloned()
+    }
+
+    /// Number of nodes referenced by the kernel.
+    pub fn len(&self) -> usize {
+        self.inner.lock().nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Handles currently open.
+    pub fn open_handles(&self) -> usize {
+        self.open_count.load(Ordering::Relaxed)
+    }
+
+    /// The node's `O_PATH` handle, re-opening it from its parent if it was evicted.
+    pub fn fd(&self, node: &Arc<Node>) -> io::Result<Arc<OwnedFd>> {
+        self.fd_depth(node, 0)
+    }
+
+    fn fd_depth(&self, node: &Arc<Node>, depth: usize) -> io::Result<Arc<OwnedFd>> {
+        if let Some(fd) = node.fd.lock().clone() {
+            return Ok(fd);
+        }
+        if depth > 4096 {
+            return Err(io::Error::from_raw_os_error(libc::ELOOP));
+        }
+        let mut last_err = io::Error::from_raw_os_error(libc::ESTALE);
+        for (parent, name) in node.aliases() {
+            let Some(pnode) = self.get(parent) else {
+                continue;
+            };
+            let pfd = match self.fd_depth(&pnode, depth + 1) {
+                Ok(f) => f,
+                Err(e) => {
+                    last_err = e;
+                    continue;
+                }
+            };
+            let fd = match sys::open_path(pfd.as_fd(), &name) {
+                Ok(f) => f,
+                Err(e) => {
+                    last_err = e;
+                    continue;
+                }
+            };
+            let st = sys::stat_fd(fd.as_fd())?;
+            if !same(&st, node) {
+                continue;
+            }
+            return Ok(self.install_fd(node, fd));
+        }
+        Err(last_err)
+    }
+
+    fn install_fd(&self, node: &Arc<Node>, fd: OwnedFd) -> Arc<OwnedFd> {
+        let fd = Arc::new(fd);
+        {
+            let mut slot = node.fd.lock();
+            if let Some(existing) = slot.as_ref() {
+                return existing.clone();
+            }
+            *slot = Some(fd.clone());
+        }
+        self.open_count.fetch_add(1, Ordering::Relaxed);
+        self.lru.lock().push_back(Arc::downgrade(node));
+        self.evict();
+        fd
+    }
+
+    /// Close the oldest handles while over the cap. In-flight users keep their `Arc`.
+    fn evict(&self) {
+        while self.open_count.load(Ordering::Relaxed) > self.fd_cap {
+            let Some(weak) = self.lru.lock().pop_front() else {
+                return;
+            };
+            let Some(node) = weak.upgrade() else { continue };
+            if node.nodeid == ROOT {
+                continue;
+            }
+            if node.fd.lock().take().is_some() {
+                self.open_count.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Record a kernel lookup of `parent/name`, whose fresh handle and stat are given.
+    /// Returns the node (existing for a known inode, e.g. a hard link) with its count raised.
+    pub fn lookup(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        fd: Option<OwnedFd>,
+        st: &sys::Stat,
+    ) -> Arc<Node> {
+        let node = self.get_or_insert(parent, name, st);
+        node.nlookup.fetch_add(1, Ordering::Relaxed);
+        if let Some(fd) = fd {
+            if node.fd.lock().is_none() {
+                self.install_fd(&node, fd);
+            }
+        }
+        node
+    }
+
+    /// The node for `parent/name` without raising its lookup count (readdirplus asks first
+    /// and counts only entries that fit in the reply).
+    pub fn peek(&self, parent: u64, name: &OsStr, st: &sys::Stat) -> (Arc<Node>, bool) {
+        let existed = self.by_backing(st.st_dev, st.st_ino).is_some();
+        (self.get_or_insert(parent, name, st), existed)
+    }
+
+    /// Raise the lookup count of a node returned by [`peek`](Self::peek).
+    pub fn count_lookup(&self, node: &Node) {
+        node.nlookup.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Drop a node that [`peek`](Self::peek) created but that was never handed out.
+    pub fn discard_unreferenced(&self, node: &Node) {
+        if node.nlookup.load(Ordering::Relaxed) == 0 {
+            self.remove(node.nodeid);
+        }
+    }
+
+    fn get_or_insert(&self, parent: u64, name: &OsStr, st: &sys::Stat) -> Arc<Node> {
+        let mut inner = self.inner.lock();
+        if let Some(node) = inner
+            .by_backing
+            .get(&(st.st_dev, st.st_ino))
+            .and_then(|id| inner.nodes.get(id))
+        {
+            let node = node.clone();
+            let mut names = node.names.lock();
+            if !names.iter().any(|(p, n)| *p == parent && n == name) {
+                if names.len() >= MAX_ALIASES {
+                    names.pop();
+                }
+                names.insert(0, (parent, name.to_os_string()));
+            } else if names
+                .first()
+                .map(|(p, n)| *p != parent || n != name)
+                .unwrap_or(false)
+            {
+                // Make the name just used the primary one: it is the freshest.
+                names.retain(|(p, n)| !(*p == parent && n == name));
+                names.insert(0, (parent, name.to_os_string()));
+            }
+            drop(names);
+            return node;
+        }
+        let wanted = st.st_ino;
+        let nodeid = if st.st_dev == self.root.dev
+            && wanted != ROOT
+            && wanted < SYNTHETIC_BASE
+            && !inner.nodes.contains_key(&wanted)
+        {
+            wanted
+        } else {
+            self.next_synthetic.fetch_add(1, Ordering::Relaxed)
+        };
+        let node = Arc::new(Node {
+            nodeid,
+            dev: st.st_dev,
+            ino: st.st_ino,
+            kind: st.st_mode & libc::S_IFMT,
+            nlookup: AtomicU64::new(0),
+            fd: Mutex::new(None),
+            names: Mutex::new(vec![(parent, name.to_os_string())]),
+            open_count: self.open_count.clone(),
+        });
+        inner.nodes.insert(nodeid, node.clone());
+        inner.by_backing.insert((st.st_dev, st.st_ino), nodeid);
+        node
+    }
+
+    /// The kernel forgot `n` lookups of a node.
+    pub fn forget(&self, nodeid: u64, n: u64) {
+        if nodeid == ROOT {
+            return;
+        }
+        let Some(node) = self.get(nodeid) else { return };
+        let prev = node
+            .nlookup
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(v.saturating_sub(n))
+            })
+            .unwrap_or(0);
+        if prev <= n {
+            self.remove(nodeid);
+        }
+    }
+
+    fn remove(&self, nodeid: u64) {
+        let mut inner = self.inner.lock();
+        if let Some(node) = inner.nodes.get(&nodeid) {
+            if node.nlookup.load(Ordering::Acquire) > 0 {
+                return;
+            }
+            let key = (node.dev, node.ino);
+            inner.nodes.remove(&nodeid);
+            if inner.by_backing.get(&key) == Some(&nodeid) {
+                inner.by_backing.remove(&key);
+            }
+        }
+    }
+
+    /// A name went away (unlink, rmdir, or replaced by a rename).
+    pub fn remove_alias(&self, node: &Node, parent: u64, name: &OsStr) {
+        node.names
+            .lock()
+            .retain(|(p, n)| !(*p == parent && n == name));
+    }
+
+    /// A name moved (rename): the node is now known under the new name first.
+    pub fn move_alias(
+        &self,
+        node: &Node,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+    ) {
+        let mut names = node.names.lock();
+        names.retain(|(p, n)| !(*p == parent && n == name) && !(*p == newparent && n == newname));
+        names.insert(0, (newparent, newname.to_os_string()));
+    }
+
+    /// Workspace-relative path of a node by its primary names, as the daemon knows it.
+    /// `None` when a name on the way up is unknown (a node whose names all went away).
+    pub fn path_of(&self, node: &Node) -> Option<PathBuf> {
+        let mut parts: Vec<OsString> = Vec::new();
+        let mut cur = node.nodeid;
+        let mut guard = 0;
+        while cur != ROOT {
+            guard += 1;
+            if guard > 4096 {
+                return None;
+            }
+            let n = self.get(cur)?;
+            let (parent, name) = n.names.lock().first().cloned()?;
+            parts.push(name);
+            cur = parent;
+        }
+        let mut out = Vec::new();
+        for (i, p) in parts.iter().rev().enumerate() {
+            if i > 0 {
+                out.push(b'/');
+            }
+            out.extend_from_slice(p.as_bytes());
+        }
+        Some(PathBuf::from(OsStr::from_bytes(&out).to_os_string()))
+    }
+}

@@ -1,0 +1,404 @@
+//! The governed passthrough core: every FUSE operation as a plain method over node ids,
+//! with no fuser types, so it can be driven and tested without FUSE in the loop.
+//!
+//! Every inode is reached through an `O_PATH|O_NOFOLLOW` handle ([`inode`]); every path
+//! operation is `*at(parent_handle, one_name)`; the daemon never resolves a path string
+//! against the workspace and never follows a symlink. Every mutating operation asks the
+//! [`Guard`] first, with the path the *kernel* currently knows for the directory handle
+//! (read back from `/proc/self/fd`), so a directory renamed outside the mount cannot smuggle
+//! writes out of scope.
+
+pub mod error;
+pub mod inode;
+pub mod ops;
+pub mod sys;
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+pub use error::{FsError, Result};
+use inode::{InodeTable, Node};
+
+use crate::control::CtlFile;
+use crate::guard::{Denial, Guard, Identities, Identity};
+use crate::ledger::{Draft, Ledger, MutationType};
+
+/// Who sent a request.
+#[derive(Clone, Copy, Debug)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+/// A node handed to the kernel: id and attributes.
+pub struct Entry {
+    pub nodeid: u64,
+    pub st: sys::Stat,
+}
+
+/// How the kernel should treat an open file.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OpenOpts {
+    /// Bypass the page cache (control files).
+    pub direct_io: bool,
+    /// Keep the page cache from an earlier open.
+    pub keep_cache: bool,
+}
+
+/// An open regular file.
+pub struct FileHandle {
+    pub file: std::fs::File,
+    pub node: Arc<Node>,
+    pub identity: Arc<Identity>,
+    /// The caller that opened it (for the ledger entry at close).
+    pub caller: Caller,
+    /// Opened with write access.
+    pub writable: bool,
+    /// Written since the last ledger entry.
+    pub dirty: AtomicBool,
+    /// This handle created the file.
+    pub created: AtomicBool,
+}
+
+/// An open control file: its rendered content, and what was written to it.
+pub struct CtlHandle {
+    pub file: CtlFile,
+    pub content: Vec<u8>,
+    pub written: Vec<u8>,
+}
+
+/// An open handle of any kind.
+pub enum Handle {
+    File(Arc<FileHandle>),
+    Dir(Arc<Mutex<sys::DirStream>>),
+    Control(Arc<Mutex<CtlHandle>>),
+}
+
+/// Operation counters for `.intentfs/status`.
+#[derive(Default)]
+pub struct Counters {
+    pub lookups: AtomicU64,
+    pub opens: AtomicU64,
+    pub mutations: AtomicU64,
+    pub denials: AtomicU64,
+}
+
+/// Settings of one mount.
+pub struct FsConfig {
+    pub workspace: PathBuf,
+    pub mountpoint: PathBuf,
+    pub policy_path: PathBuf,
+    /// Most `O_PATH` handles kept open at once.
+    pub fd_cap: usize,
+}
+
+/// The filesystem core.
+pub struct Fs {
+    pub(crate) table: InodeTable,
+    pub(crate) proc_fd: OwnedFd,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+    pub guard: Arc<Guard>,
+    pub ids: Arc<Identities>,
+    pub ledger: Option<Ledger>,
+    pub counters: Counters,
+    pub cfg: FsConfig,
+    /// The workspace's real path as last seen, to turn `/proc/self/fd` links into
+    /// workspace-relative paths.
+    root_path: Mutex<PathBuf>,
+    pub started: i64,
+}
+
+impl Fs {
+    pub fn new(
+        cfg: FsConfig,
+        guard: Arc<Guard>,
+        ids: Arc<Identities>,
+        ledger: Option<Ledger>,
+    ) -> std::io::Result<Fs> {
+        let root_fd = sys::open_root(&cfg.workspace)?;
+        let root_path = sys::fd_path(root_fd.as_fd())?;
+        let table = InodeTable::new(root_fd, cfg.fd_cap)?;
+        Ok(Fs {
+            table,
+            proc_fd: sys::open_proc_self_fd()?,
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            guard,
+            ids,
+            ledger,
+            counters: Counters::default(),
+            cfg,
+            root_path: Mutex::new(root_path),
+            started: chrono::Utc::now().timestamp(),
+        })
+    }
+
+    // ----- handles -----------------------------------------------------------------
+
+    pub(crate) fn add_handle(&self, h: Handle) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().insert(fh, h);
+        fh
+    }
+
+    pub(crate) fn file_handle(&self, fh: u64) -> Result<Arc<FileHandle>> {
+        match self.handles.lock().get(&fh) {
+            Some(Handle::File(f)) => Ok(f.clone()),
+            _ => error::err(libc::EBADF),
+        }
+    }
+
+    pub(crate) fn dir_handle(&self, fh: u64) -> Result<Arc<Mutex<sys::DirStream>>> {
+        match self.handles.lock().get(&fh) {
+            Some(Handle::Dir(d)) => Ok(d.clone()),
+            _ => error::err(libc::EBADF),
+        }
+    }
+
+    pub(crate) fn ctl_handle(&self, fh: u64) -> Option<Arc<Mutex<CtlHandle>>> {
+        match self.handles.lock().get(&fh) {
+            Some(Handle::Control(c)) => Some(c.clone()),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn take_handle(&self, fh: u64) -> Option<Handle> {
+        self.handles.lock().remove(&fh)
+    }
+
+    // ----- nodes and paths ---------------------------------------------------------
+
+    pub(crate) fn node(&self, nodeid: u64) -> Result<Arc<Node>> {
+        self.table.get(nodeid).ok_or(FsError::Os(libc::ENOENT))
+    }
+
+    pub(crate) fn fd(&self, node: &Arc<Node>) -> Result<Arc<OwnedFd>> {
+        Ok(self.table.fd(node)?)
+    }
+
+    /// The workspace-relative path of a directory node, as the kernel knows it now.
+    pub(crate) fn dir_rel(&self, dir: &Arc<Node>) -> Result<PathBuf> {
+        if dir.nodeid == inode::ROOT {
+            return Ok(PathBuf::new());
+        }
+        let fd = self.fd(dir)?;
+        let real = sys::fd_path(fd.as_fd())?;
+        let root = self.root_path.lock().clone();
+        if let Ok(rel) = real.strip_prefix(&root) {
+            return Ok(rel.to_path_buf());
+        }
+        // The workspace itself may have moved: refresh and retry once.
+        let root_fd = self.fd(self.table.root())?;
+        let root = sys::fd_path(root_fd.as_fd())?;
+        *self.root_path.lock() = root.clone();
+        match real.strip_prefix(&root) {
+            Ok(rel) => Ok(rel.to_path_buf()),
+            // The directory is no longer inside the workspace (moved out from outside the
+            // mount): nothing under it may change through the mount.
+            Err(_) => error::err(libc::EXDEV),
+        }
+    }
+
+    /// Workspace-relative path of `parent/name`.
+    pub(crate) fn child_rel(&self, parent: &Arc<Node>, name: &OsStr) -> Result<PathBuf> {
+        Ok(self.dir_rel(parent)?.join(name))
+    }
+
+    /// Every verified workspace-relative path of a node (one per known hard link name that
+    /// still names this very inode).
+    pub(crate) fn node_rels(&self, node: &Arc<Node>) -> Result<Vec<PathBuf>> {
+        if node.is_dir() {
+            return Ok(vec![self.dir_rel(node)?]);
+        }
+        let mut out = Vec::new();
+        for (parent, name) in node.aliases() {
+            let Some(p) = self.table.get(parent) else {
+                continue;
+            };
+            let Ok(pfd) = self.fd(&p) else { continue };
+            match sys::stat_at(pfd.as_fd(), &name) {
+                Ok(st) if st.st_dev == node.dev && st.st_ino == node.ino => {
+                    if let Ok(rel) = self.child_rel(&p, &name) {
+                        out.push(rel);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if out.is_empty() {
+            return error::err(libc::ESTALE);
+        }
+        Ok(out)
+    }
+
+    /// The path of a node for display and read-side checks (no syscalls).
+    pub(crate) fn display_rel(&self, node: &Node) -> PathBuf {
+        self.table.path_of(node).unwrap_or_default()
+    }
+
+    // ----- governance --------------------------------------------------------------
+
+    /// Refuse: remember it for the identity, count it, ledger it, and answer `EACCES`.
+    pub(crate) fn deny(&self, ident: &Identity, caller: &Caller, d: Denial) -> FsError {
+        ident.deny(&d);
+        self.counters.denials.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(code = %d.code, path = %d.path.display(), agent = %ident.name, "denied: {}", d.message);
+        if let Some(l) = &self.ledger {
+            let draft = Draft {
+                intent_id: d.intent.clone(),
+                agent: Some(self.agent(ident, caller)),
+                mutation_type: Some(MutationType::Denial),
+                path: Some(d.path.clone()),
+                outcome: "denied".into(),
+                code: Some(d.code.as_str().into()),
+                rule: d.rule.clone(),
+                detail: Some(serde_json::json!({ "op": d.op, "message": d.message })),
+                ..Default::default()
+            };
+            if let Err(e) = l.record_nowait(draft) {
+                tracing::error!("ledger: cannot record a denial: {e}");
+            }
+        }
+        FsError::Denied(Box::new(d))
+    }
+
+    /// May the caller change `rel` (op named `op`)? Returns the caller's identity.
+    pub(crate) fn authorize(
+        &self,
+        caller: &Caller,
+        op: &str,
+        rel: &Path,
+        is_dir: bool,
+    ) -> Result<Arc<Identity>> {
+        let ident = self.ids.resolve(caller.pid);
+        self.authorize_as(&ident, caller, op, rel, is_dir)?;
+        Ok(ident)
+    }
+
+    pub(crate) fn authorize_as(
+        &self,
+        ident: &Arc<Identity>,
+        caller: &Caller,
+        op: &str,
+        rel: &Path,
+        is_dir: bool,
+    ) -> Result<()> {
+        let intent = ident.intent();
+        if let Err(d) = self.guard.check_write(intent.as_deref(), op, rel, is_dir) {
+            return Err(self.deny(ident, caller, d));
+        }
+        self.ledger_healthy(ident, caller, op, rel)
+    }
+
+    /// The ledger must be writable for a mutation to proceed: fail closed otherwise.
+    fn ledger_healthy(
+        &self,
+        ident: &Arc<Identity>,
+        _caller: &Caller,
+        op: &str,
+        rel: &Path,
+    ) -> Result<()> {
+        let Some(l) = &self.ledger else { return Ok(()) };
+        if let Err(e) = l.health() {
+            let d = Denial::new(
+                crate::guard::Code::ProtectedPath,
+                op,
+                rel,
+                ident.intent().as_deref(),
+                format!(
+                    "the audit ledger cannot be written ({e}); mutations are refused until it can"
+                ),
+                "Wait and retry later; tell the human that the ledger's disk is full or failing."
+                    .into(),
+            );
+            ident.deny(&d);
+            return Err(FsError::Denied(Box::new(d)));
+        }
+        Ok(())
+    }
+
+    /// May the caller change this existing node? Every known name of a hard-linked file
+    /// must be allowed, and all its names must be known.
+    pub(crate) fn authorize_node(
+        &self,
+        caller: &Caller,
+        op: &str,
+        node: &Arc<Node>,
+    ) -> Result<(Arc<Identity>, PathBuf)> {
+        let ident = self.ids.resolve(caller.pid);
+        let rels = self.node_rels(node)?;
+        for rel in &rels {
+            self.authorize_as(&ident, caller, op, rel, node.is_dir())?;
+        }
+        if node.is_reg() {
+            let fd = self.fd(node)?;
+            let st = sys::stat_fd(fd.as_fd())?;
+            if st.st_nlink as usize > rels.len() {
+                let d = Denial::new(
+                    crate::guard::Code::ScopeViolation,
+                    op,
+                    &rels[0],
+                    ident.intent().as_deref(),
+                    format!(
+                        "{} has {} hard links and {} of its names are unknown to the mount, so changing it could \
+                         change a file outside the scope",
+                        rels[0].display(),
+                        st.st_nlink,
+                        st.st_nlink as usize - rels.len()
+                    ),
+                    "Do not modify hard-linked files; copy the file to a new name inside your scope and change the copy."
+                        .into(),
+                );
+                return Err(self.deny(&ident, caller, d));
+            }
+        }
+        Ok((ident, rels.into_iter().next().unwrap_or_default()))
+    }
+
+    /// The ledger's view of the caller.
+    pub(crate) fn agent(&self, ident: &Identity, caller: &Caller) -> crate::ledger::Agent {
+        crate::ledger::Agent {
+            name: ident.name.clone(),
+            identity: ident.key(),
+            pid: caller.pid,
+            uid: caller.uid,
+            process: crate::guard::identity::proc_name(caller.pid),
+        }
+    }
+
+    /// Ledger a completed mutation (durably: the syscall is acknowledged after).
+    pub(crate) fn record(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        mt: MutationType,
+        rel: &Path,
+        mut draft: Draft,
+    ) {
+        ident.mutations.fetch_add(1, Ordering::Relaxed);
+        self.counters.mutations.fetch_add(1, Ordering::Relaxed);
+        // `.git/` internals are not ledgered file by file.
+        if rel.starts_with(".git") {
+            return;
+        }
+        let Some(l) = &self.ledger else { return };
+        draft.intent_id = ident.intent();
+        draft.agent = Some(self.agent(ident, caller));
+        draft.mutation_type = Some(mt);
+        draft.path = Some(rel.to_path_buf());
+        if draft.outcome.is_empty() {
+            draft.outcome = "ok".into();
+        }
+        if let Err(e) = l.record(draft) {
+            tracing::error!("ledger: cannot record {mt:?} of {}: {e}", rel.display());
+        }
+    }
+}

@@ -1,0 +1,1056 @@
+//! The operations of the core, one method each, in FUSE's vocabulary. Each mutating method
+//! authorizes first (scope, protected paths, hard links), then acts through handles, then
+//! ledgers the result.
+
+use std::ffi::{OsStr, OsString};
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::error::{err, FsError, Result};
+use super::inode::{Node, ROOT};
+use super::{sys, Caller, CtlHandle, Entry, FileHandle, Fs, Handle, OpenOpts};
+use crate::control::{self, CtlFile};
+use crate::ledger::{Draft, MutationType};
+
+/// Attribute changes requested by `setattr`.
+#[derive(Default, Debug)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: sys::TimeSpec,
+    pub mtime: sys::TimeSpec,
+}
+
+const MAX_SUBTREE: usize = 200_000;
+
+fn check_name(name: &OsStr) -> Result<()> {
+    if !sys::valid_name(name) {
+        return err(libc::EINVAL);
+    }
+    if name.len() > 255 {
+        return err(libc::ENAMETOOLONG);
+    }
+    Ok(())
+}
+
+fn is_ctl_name(parent: u64, name: &OsStr) -> bool {
+    parent == ROOT && name == OsStr::new(control::DIR_NAME)
+}
+
+impl Fs {
+    // ----- lookups and attributes --------------------------------------------------
+
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Entry> {
+        self.counters.lookups.fetch_add(1, Ordering::Relaxed);
+        if is_ctl_name(parent, name) {
+            return Ok(Entry {
+                nodeid: control::DIR_INO,
+                st: control::dir_stat(self.started),
+            });
+        }
+        if parent == control::DIR_INO {
+            let f = CtlFile::from_name(name).ok_or(FsError::Os(libc::ENOENT))?;
+            return Ok(Entry {
+                nodeid: f.ino(),
+                st: control::file_stat(f, self.started),
+            });
+        }
+        if name.len() > 255 {
+            return err(libc::ENAMETOOLONG);
+        }
+        if !sys::valid_name(name) {
+            return err(libc::ENOENT);
+        }
+        let p = self.node(parent)?;
+        let pfd = self.fd(&p)?;
+        let fd = sys::open_path(pfd.as_fd(), name)?;
+        let st = sys::stat_fd(fd.as_fd())?;
+        let node = self.table.lookup(parent, name, Some(fd), &st);
+        Ok(Entry {
+            nodeid: node.nodeid,
+            st,
+        })
+    }
+
+    pub fn forget(&self, nodeid: u64, n: u64) {
+        if !control::is_control(nodeid) {
+            self.table.forget(nodeid, n);
+        }
+    }
+
+    pub fn getattr(&self, nodeid: u64, fh: Option<u64>) -> Result<sys::Stat> {
+        if nodeid == control::DIR_INO {
+            return Ok(control::dir_stat(self.started));
+        }
+        if let Some(f) = CtlFile::from_ino(nodeid) {
+            return Ok(control::file_stat(f, self.started));
+        }
+        if let Some(fh) = fh {
+            if let Ok(h) = self.file_handle(fh) {
+                return Ok(sys::stat_fd(h.file.as_fd())?);
+            }
+        }
+        let node = self.node(nodeid)?;
+        let fd = self.fd(&node)?;
+        Ok(sys::stat_fd(fd.as_fd())?)
+    }
+
+    pub fn setattr(
+        &self,
+        caller: &Caller,
+        nodeid: u64,
+        a: SetAttr,
+        fh: Option<u64>,
+    ) -> Result<sys::Stat> {
+        if control::is_control(nodeid) {
+            // `echo X > .intentfs/intent` truncates first: harmless on writable control files.
+            if let Some(f) = CtlFile::from_ino(nodeid) {
+                if f.writable() && a.mode.is_none() && a.uid.is_none() && a.gid.is_none() {
+                    return Ok(control::file_stat(f, self.started));
+                }
+            }
+            return err(libc::EPERM);
+        }
+        let node = self.node(nodeid)?;
+        let op = if a.size.is_some() {
+            "truncate"
+        } else if a.mode.is_some() {
+            "chmod"
+        } else if a.uid.is_some() || a.gid.is_some() {
+            "chown"
+        } else {
+            "utimes"
+        };
+        let (ident, rel) = self.authorize_node(caller, op, &node)?;
+        let fd = self.fd(&node)?;
+        let before = sys::stat_fd(fd.as_fd())?;
+        if let Some(mode) = a.mode {
+            if node.is_symlink() {
+                return err(libc::EOPNOTSUPP);
+            }
+            sys::chmod_fd(self.proc_fd.as_fd(), fd.as_fd(), mode & 0o7777)?;
+        }
+        if a.uid.is_some() || a.gid.is_some() {
+            sys::chown_fd(fd.as_fd(), a.uid, a.gid)?;
+        }
+        if let Some(size) = a.size {
+            if !node.is_reg() {
+                return err(if node.is_dir() {
+                    libc::EISDIR
+                } else {
+                    libc::EINVAL
+                });
+            }
+            match fh
+                .and_then(|fh| self.file_handle(fh).ok())
+                .filter(|h| h.writable)
+            {
+                Some(h) => {
+                    h.file.set_len(size)?;
+                    h.dirty.store(true, Ordering::Release);
+                }
+                None => {
+                    let f = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_WRONLY)?;
+                    f.set_len(size)?;
+                }
+            }
+        }
+        if a.atime.is_some() || a.mtime.is_some() {
+            if node.is_symlink() {
+                let (parent, name) = node
+                    .aliases()
+                    .into_iter()
+                    .next()
+                    .ok_or(FsError::Os(libc::ESTALE))?;
+                let p = self.node(parent)?;
+                let pfd = self.fd(&p)?;
+                sys::utimes_at_nofollow(pfd.as_fd(), &name, a.atime, a.mtime)?;
+            } else {
+                sys::utimes_fd(self.proc_fd.as_fd(), fd.as_fd(), a.atime, a.mtime)?;
+            }
+        }
+        let after = sys::stat_fd(fd.as_fd())?;
+        let mt = match op {
+            "truncate" => MutationType::Truncate,
+            "chmod" => MutationType::Chmod,
+            "chown" => MutationType::Chown,
+            _ => MutationType::Utimes,
+        };
+        let mut draft = Draft {
+            size: Some(after.st_size as u64),
+            ..Default::default()
+        };
+        if a.mode.is_some() {
+            draft.detail = Some(serde_json::json!({
+                "mode_before": format!("{:o}", before.st_mode & 0o7777),
+                "mode_after": format!("{:o}", after.st_mode & 0o7777),
+            }));
+        }
+        // Time-only changes are not content mutations worth a ledger line each (every
+        // `touch` and `tar x` would double the ledger); they are still authorized above.
+        if mt != MutationType::Utimes {
+            self.record(&ident, caller, mt, &rel, draft);
+        }
+        Ok(after)
+    }
+
+    pub fn readlink(&self, nodeid: u64) -> Result<Vec<u8>> {
+        let node = self.node(nodeid)?;
+        if !node.is_symlink() {
+            return err(libc::EINVAL);
+        }
+        let fd = self.fd(&node)?;
+        Ok(sys::readlink_fd(fd.as_fd())?)
+    }
+
+    pub fn access(&self, nodeid: u64, mask: i32) -> Result<()> {
+        if control::is_control(nodeid) {
+            return Ok(());
+        }
+        let node = self.node(nodeid)?;
+        let fd = self.fd(&node)?;
+        let st = sys::stat_fd(fd.as_fd())?;
+        // With default_permissions the kernel checks permission bits itself; what remains
+        // is existence, and refusing execute on non-executables.
+        if mask & libc::X_OK != 0
+            && st.st_mode & 0o111 == 0
+            && st.st_mode & libc::S_IFMT != libc::S_IFDIR
+        {
+            return err(libc::EACCES);
+        }
+        Ok(())
+    }
+
+    pub fn statfs(&self, nodeid: u64) -> Result<libc::statvfs64> {
+        let node = self.node(if control::is_control(nodeid) {
+            ROOT
+        } else {
+            nodeid
+        })?;
+        let fd = self.fd(&node)?;
+        Ok(sys::statvfs_fd(fd.as_fd())?)
+    }
+
+    // ----- creating entries --------------------------------------------------------
+
+    /// Common shape of mkdir/mknod/symlink: authorize `parent/name`, run `make`, look the new
+    /// entry up, ledger it.
+    fn make_entry(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        op: &str,
+        mt: MutationType,
+        is_dir: bool,
+        make: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> std::io::Result<()>,
+        detail: Option<serde_json::Value>,
+    ) -> Result<Entry> {
+        if is_ctl_name(parent, name) {
+            return err(libc::EEXIST);
+        }
+        if control::is_control(parent) {
+            return err(libc::EPERM);
+        }
+        check_name(name)?;
+        let p = self.node(parent)?;
+        let rel = self.child_rel(&p, name)?;
+        let ident = self.authorize(caller, op, &rel, is_dir)?;
+        let pfd = self.fd(&p)?;
+        {
+            let _cred = sys::FsCred::switch(caller.uid, caller.gid);
+            make(pfd.as_fd())?;
+        }
+        let fd = sys::open_path(pfd.as_fd(), name)?;
+        let st = sys::stat_fd(fd.as_fd())?;
+        let node = self.table.lookup(parent, name, Some(fd), &st);
+        self.record(
+            &ident,
+            caller,
+            mt,
+            &rel,
+            Draft {
+                detail,
+                ..Default::default()
+            },
+        );
+        Ok(Entry {
+            nodeid: node.nodeid,
+            st,
+        })
+    }
+
+    pub fn mkdir(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+    ) -> Result<Entry> {
+        self.make_entry(
+            caller,
+            parent,
+            name,
+            "mkdir",
+            MutationType::Mkdir,
+            true,
+            |d| sys::mkdir_at(d, name, mode & !umask),
+            None,
+        )
+    }
+
+    pub fn mknod(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    ) -> Result<Entry> {
+        let kind = mode & libc::S_IFMT;
+        // Device nodes would give an agent raw access to disks: only regular files, fifos
+        // and sockets may be made through the mount.
+        if kind == libc::S_IFCHR || kind == libc::S_IFBLK {
+            return err(libc::EPERM);
+        }
+        self.make_entry(
+            caller,
+            parent,
+            name,
+            "mknod",
+            MutationType::Mknod,
+            false,
+            |d| sys::mknod_at(d, name, mode & !umask, rdev as u64),
+            Some(serde_json::json!({ "mode": format!("{:o}", mode) })),
+        )
+    }
+
+    pub fn symlink(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        target: &Path,
+    ) -> Result<Entry> {
+        self.make_entry(
+            caller,
+            parent,
+            name,
+            "symlink",
+            MutationType::Symlink,
+            false,
+            |d| sys::symlink_at(target.as_os_str(), d, name),
+            Some(serde_json::json!({ "target": target.to_string_lossy() })),
+        )
+    }
+
+    pub fn link(
+        &self,
+        caller: &Caller,
+        nodeid: u64,
+        newparent: u64,
+        newname: &OsStr,
+    ) -> Result<Entry> {
+        if control::is_control(nodeid)
+            || control::is_control(newparent)
+            || is_ctl_name(newparent, newname)
+        {
+            return err(libc::EPERM);
+        }
+        check_name(newname)?;
+        let node = self.node(nodeid)?;
+        if node.is_dir() {
+            return err(libc::EPERM);
+        }
+        // Both names count: the existing one (a link shares the inode, so writing through
+        // the new name changes the old one) and the new one.
+        let (ident, from) = self.authorize_node(caller, "link", &node)?;
+        let np = self.node(newparent)?;
+        let rel = self.child_rel(&np, newname)?;
+        self.authorize_as(&ident, caller, "link", &rel, false)?;
+        let fd = self.fd(&node)?;
+        let npfd = self.fd(&np)?;
+        sys::link_fd(self.proc_fd.as_fd(), fd.as_fd(), npfd.as_fd(), newname)?;
+        let st = sys::stat_fd(fd.as_fd())?;
+        let node = self.table.lookup(newparent, newname, None, &st);
+        self.record(
+            &ident,
+            caller,
+            MutationType::Link,
+            &rel,
+            Draft {
+                from: Some(from),
+                ..Default::default()
+            },
+        );
+        Ok(Entry {
+            nodeid: node.nodeid,
+            st,
+        })
+    }
+
+    // ----- removing and renaming ---------------------------------------------------
+
+    pub fn unlink(&self, caller: &Caller, parent: u64, name: &OsStr, is_dir: bool) -> Result<()> {
+        if is_ctl_name(parent, name) || control::is_control(parent) {
+            return err(libc::EPERM);
+        }
+        check_name(name)?;
+        let p = self.node(parent)?;
+        let rel = self.child_rel(&p, name)?;
+        let op = if is_dir { "rmdir" } else { "unlink" };
+        let ident = self.authorize(caller, op, &rel, is_dir)?;
+        if is_dir {
+            if let Some(rule) = self.guard.rules().protected.below(&rel) {
+                return Err(self.protected_below(&ident, caller, op, &rel, rule));
+            }
+        }
+        let pfd = self.fd(&p)?;
+        let st = sys::stat_at(pfd.as_fd(), name)?;
+        let prev = if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+            Some(st.st_size as u64)
+        } else {
+            None
+        };
+        sys::unlink_at(pfd.as_fd(), name, is_dir)?;
+        if let Some(n) = self.table.by_backing(st.st_dev, st.st_ino) {
+            self.table.remove_alias(&n, parent, name);
+        }
+        let mt = if is_dir {
+            MutationType::Rmdir
+        } else {
+            MutationType::Delete
+        };
+        self.record(
+            &ident,
+            caller,
+            mt,
+            &rel,
+            Draft {
+                size: prev,
+                ..Default::default()
+            },
+        );
+        Ok(())
+    }
+
+    fn protected_below(
+        &self,
+        ident: &Arc<crate::guard::Identity>,
+        caller: &Caller,
+        op: &str,
+        rel: &Path,
+        rule: String,
+    ) -> FsError {
+        let d = crate::guard::Denial::new(
+            crate::guard::Code::ProtectedPath,
+            op,
+            rel,
+            ident.intent().as_deref(),
+            format!("{} contains an always-protected path", rel.display()),
+            "Do not move or remove directories that hold governance files.".into(),
+        )
+        .with_rule(Some(rule));
+        self.deny(ident, caller, d)
+    }
+
+    /// Authorize every entry below a directory that a rename would move, under both its old
+    /// and its new path: moving a directory moves everything in it.
+    fn authorize_subtree(
+        &self,
+        ident: &Arc<crate::guard::Identity>,
+        caller: &Caller,
+        dir: &Arc<Node>,
+        old: &Path,
+        new: &Path,
+    ) -> Result<()> {
+        if let Some(rule) = self.guard.rules().protected.below(old) {
+            return Err(self.protected_below(ident, caller, "rename", old, rule));
+        }
+        let fd = self.fd(dir)?;
+        let mut stack: Vec<(std::os::fd::OwnedFd, PathBuf)> =
+            vec![(sys::open_path(fd.as_fd(), OsStr::new("."))?, PathBuf::new())];
+        let mut seen = 0usize;
+        while let Some((dfd, sub)) = stack.pop() {
+            let mut ds = sys::DirStream::open(self.proc_fd.as_fd(), dfd.as_fd())?;
+            while let Some(e) = ds.next_entry()? {
+                if e.name == b"." || e.name == b".." {
+                    continue;
+                }
+                seen += 1;
+                if seen > MAX_SUBTREE {
+                    return err(libc::EXDEV);
+                }
+                let name = OsStr::from_bytes(&e.name);
+                let rel = sub.join(name);
+                let is_dir = e.kind == libc::DT_DIR;
+                self.authorize_as(ident, caller, "rename", &old.join(&rel), is_dir)?;
+                self.authorize_as(ident, caller, "rename", &new.join(&rel), is_dir)?;
+                if is_dir {
+                    if let Ok(cfd) = sys::open_path(dfd.as_fd(), name) {
+                        stack.push((cfd, rel));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn rename(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+    ) -> Result<()> {
+        if is_ctl_name(parent, name)
+            || is_ctl_name(newparent, newname)
+            || control::is_control(parent)
+            || control::is_control(newparent)
+        {
+            return err(libc::EPERM);
+        }
+        check_name(name)?;
+        check_name(newname)?;
+        let p = self.node(parent)?;
+        let np = self.node(newparent)?;
+        let pfd = self.fd(&p)?;
+        let npfd = self.fd(&np)?;
+        let from = self.child_rel(&p, name)?;
+        let to = self.child_rel(&np, newname)?;
+        let src = sys::stat_at(pfd.as_fd(), name)?;
+        let src_dir = src.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        let ident = self.authorize(caller, "rename", &from, src_dir)?;
+        self.authorize_as(&ident, caller, "rename", &to, src_dir)?;
+        let dst = sys::stat_at(npfd.as_fd(), newname).ok();
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        if src_dir {
+            // Hold a counted reference while walking, released right after.
+            let fd = sys::open_path(pfd.as_fd(), name)?;
+            let dir = self.table.lookup(parent, name, Some(fd), &src);
+            let r = self.authorize_subtree(&ident, caller, &dir, &from, &to);
+            self.table.forget(dir.nodeid, 1);
+            r?;
+        }
+        if let Some(d) = &dst {
+            let dst_dir = d.st_mode & libc::S_IFMT == libc::S_IFDIR;
+            if exchange && dst_dir {
+                let fd = sys::open_path(npfd.as_fd(), newname)?;
+                let n = self.table.lookup(newparent, newname, Some(fd), d);
+                let r = self.authorize_subtree(&ident, caller, &n, &to, &from);
+                self.table.forget(n.nodeid, 1);
+                r?;
+            } else if dst_dir {
+                // Replacing a directory: it must be empty, so only its own name matters,
+                // unless it holds protected paths.
+                if let Some(rule) = self.guard.rules().protected.below(&to) {
+                    return Err(self.protected_below(&ident, caller, "rename", &to, rule));
+                }
+            }
+        }
+        sys::rename_at(pfd.as_fd(), name, npfd.as_fd(), newname, flags)?;
+        if let Some(n) = self.table.by_backing(src.st_dev, src.st_ino) {
+            self.table.move_alias(&n, parent, name, newparent, newname);
+        }
+        if let Some(d) = &dst {
+            if let Some(n) = self.table.by_backing(d.st_dev, d.st_ino) {
+                if exchange {
+                    self.table.move_alias(&n, newparent, newname, parent, name);
+                } else {
+                    self.table.remove_alias(&n, newparent, newname);
+                }
+            }
+        }
+        let draft = Draft {
+            from: Some(from.clone()),
+            size: if src_dir {
+                None
+            } else {
+                Some(src.st_size as u64)
+            },
+            detail: if exchange {
+                Some(serde_json::json!({ "exchange": true }))
+            } else {
+                None
+            },
+            ..Default::default()
+        };
+        self.record(&ident, caller, MutationType::Rename, &to, draft);
+        Ok(())
+    }
+
+    // ----- files -------------------------------------------------------------------
+
+    pub fn open(&self, caller: &Caller, nodeid: u64, flags: i32) -> Result<(u64, OpenOpts)> {
+        self.counters.opens.fetch_add(1, Ordering::Relaxed);
+        if let Some(f) = CtlFile::from_ino(nodeid) {
+            return self.open_ctl(caller, f, flags);
+        }
+        let node = self.node(nodeid)?;
+        if !node.is_reg() {
+            return err(if node.is_dir() {
+                libc::EISDIR
+            } else {
+                libc::ELOOP
+            });
+        }
+        let acc = flags & libc::O_ACCMODE;
+        let writable = acc != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        let ident = if writable {
+            self.authorize_node(caller, "open-write", &node)?.0
+        } else {
+            let ident = self.ids.resolve(caller.pid);
+            let rel = self.display_rel(&node);
+            if let Err(d) = self.guard.check_read(ident.intent().as_deref(), &rel) {
+                return Err(self.deny(&ident, caller, d));
+            }
+            ident
+        };
+        let fd = self.fd(&node)?;
+        let file = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), flags)?;
+        let h = FileHandle {
+            file,
+            node,
+            identity: ident,
+            caller: *caller,
+            writable: acc != libc::O_RDONLY,
+            dirty: AtomicBool::new(flags & libc::O_TRUNC != 0),
+            created: AtomicBool::new(false),
+        };
+        let fh = self.add_handle(Handle::File(Arc::new(h)));
+        Ok((
+            fh,
+            OpenOpts {
+                direct_io: false,
+                keep_cache: false,
+            },
+        ))
+    }
+
+    fn open_ctl(&self, caller: &Caller, f: CtlFile, flags: i32) -> Result<(u64, OpenOpts)> {
+        let acc = flags & libc::O_ACCMODE;
+        if acc != libc::O_RDONLY && !f.writable() {
+            return err(libc::EACCES);
+        }
+        let ident = self.ids.resolve(caller.pid);
+        let rules = self.guard.rules();
+        let content = control::render(f, &ident, &self.ids, &rules.policy, &|| self.status_info());
+        let h = CtlHandle {
+            file: f,
+            content,
+            written: Vec::new(),
+        };
+        let fh = self.add_handle(Handle::Control(Arc::new(Mutex::new(h))));
+        Ok((
+            fh,
+            OpenOpts {
+                direct_io: true,
+                keep_cache: false,
+            },
+        ))
+    }
+
+    fn status_info(&self) -> control::StatusInfo {
+        control::StatusInfo {
+            workspace: self.cfg.workspace.display().to_string(),
+            mountpoint: self.cfg.mountpoint.display().to_string(),
+            policy: self.cfg.policy_path.display().to_string(),
+            policy_error: self.guard.reload_error(),
+            nodes: self.table.len(),
+            open_handles: self.table.open_handles(),
+            counters: serde_json::json!({
+                "lookups": self.counters.lookups.load(Ordering::Relaxed),
+                "opens": self.counters.opens.load(Ordering::Relaxed),
+                "mutations": self.counters.mutations.load(Ordering::Relaxed),
+                "denials": self.counters.denials.load(Ordering::Relaxed),
+            }),
+        }
+    }
+
+    pub fn create(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    ) -> Result<(Entry, u64, OpenOpts)> {
+        if is_ctl_name(parent, name) {
+            return err(libc::EEXIST);
+        }
+        if control::is_control(parent) {
+            return err(libc::EACCES);
+        }
+        check_name(name)?;
+        let p = self.node(parent)?;
+        let rel = self.child_rel(&p, name)?;
+        let ident = self.authorize(caller, "create", &rel, false)?;
+        let pfd = self.fd(&p)?;
+        let file = {
+            let _cred = sys::FsCred::switch(caller.uid, caller.gid);
+            sys::create_at(pfd.as_fd(), name, flags, mode & !umask)?
+        };
+        let fd = sys::open_path(pfd.as_fd(), name)?;
+        let st = sys::stat_fd(fd.as_fd())?;
+        let node = self.table.lookup(parent, name, Some(fd), &st);
+        let h = FileHandle {
+            file,
+            node: node.clone(),
+            identity: ident,
+            caller: *caller,
+            writable: flags & libc::O_ACCMODE != libc::O_RDONLY,
+            dirty: AtomicBool::new(true),
+            created: AtomicBool::new(true),
+        };
+        let fh = self.add_handle(Handle::File(Arc::new(h)));
+        Ok((
+            Entry {
+                nodeid: node.nodeid,
+                st,
+            },
+            fh,
+            OpenOpts::default(),
+        ))
+    }
+
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        if let Some(c) = self.ctl_handle(fh) {
+            let c = c.lock();
+            let start = (offset as usize).min(c.content.len());
+            let end = (start + size as usize).min(c.content.len());
+            return Ok(c.content[start..end].to_vec());
+        }
+        let h = self.file_handle(fh)?;
+        let mut buf = vec![0u8; size as usize];
+        let mut done = 0;
+        while done < buf.len() {
+            match h.file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        buf.truncate(done);
+        Ok(buf)
+    }
+
+    pub fn write(&self, caller: &Caller, fh: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        if let Some(c) = self.ctl_handle(fh) {
+            return self.write_ctl(caller, &c, offset, data);
+        }
+        let h = self.file_handle(fh)?;
+        h.file.write_all_at(data, offset)?;
+        h.dirty.store(true, Ordering::Release);
+        Ok(data.len())
+    }
+
+    fn write_ctl(
+        &self,
+        caller: &Caller,
+        c: &Mutex<CtlHandle>,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<usize> {
+        let mut c = c.lock();
+        let off = offset as usize;
+        if off > 4096 || data.len() > 4096 {
+            return err(libc::EFBIG);
+        }
+        if c.written.len() < off + data.len() {
+            c.written.resize(off + data.len(), 0);
+        }
+        c.written[off..off + data.len()].copy_from_slice(data);
+        let text = String::from_utf8_lossy(&c.written).into_owned();
+        let ident = self.ids.resolve(caller.pid);
+        let rules = self.guard.rules();
+        match control::apply_write(c.file, &ident, &self.ids, &rules.policy, caller.pid, &text) {
+            Ok(()) => {
+                if c.file == CtlFile::Intent {
+                    tracing::info!(agent = %ident.name, identity = %ident.key(), "intent selected: {}", text.trim());
+                }
+                Ok(data.len())
+            }
+            Err(control::WriteError::Invalid(m)) => {
+                tracing::info!(agent = %ident.name, "handshake refused: {m}");
+                err(libc::EINVAL)
+            }
+            Err(control::WriteError::NotPermitted(m)) => {
+                tracing::info!(agent = %ident.name, "control write refused: {m}");
+                err(libc::EPERM)
+            }
+        }
+    }
+
+    /// Ledger a handle's writes if it wrote since its last entry.
+    fn record_write(&self, h: &FileHandle) {
+        if !h.dirty.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let rel = self
+            .node_rels(&h.node)
+            .ok()
+            .and_then(|v| v.into_iter().next())
+            .unwrap_or_else(|| self.display_rel(&h.node));
+        let (hash, size) = match self.hash_node(&h.node) {
+            Ok(v) => (Some(v.0), Some(v.1)),
+            Err(_) => (None, None),
+        };
+        let draft = Draft {
+            content_hash: hash,
+            size,
+            created: h.created.swap(false, Ordering::AcqRel),
+            ..Default::default()
+        };
+        self.record(&h.identity, &h.caller, MutationType::Write, &rel, draft);
+    }
+
+    /// SHA-256 and size of a regular file's bytes on disk now.
+    fn hash_node(&self, node: &Arc<Node>) -> Result<(String, u64)> {
+        use sha2::{Digest, Sha256};
+        use std::io::Read;
+        let fd = self.fd(node)?;
+        let mut f = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY)?;
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 128 * 1024];
+        let mut total = 0u64;
+        loop {
+            let n = match f.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            };
+            hasher.update(&buf[..n]);
+            total += n as u64;
+        }
+        Ok((format!("sha256:{}", hex::encode(hasher.finalize())), total))
+    }
+
+    pub fn flush(&self, fh: u64) -> Result<()> {
+        if self.ctl_handle(fh).is_some() {
+            return Ok(());
+        }
+        let h = self.file_handle(fh)?;
+        // close(2) waits for flush: ledgering here means a returned close() is on record.
+        self.record_write(&h);
+        Ok(())
+    }
+
+    pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
+        if self.ctl_handle(fh).is_some() {
+            return Ok(());
+        }
+        let h = self.file_handle(fh)?;
+        Ok(sys::fsync(&h.file, datasync)?)
+    }
+
+    pub fn release(&self, fh: u64) -> Result<()> {
+        if let Some(Handle::File(h)) = self.take_handle(fh) {
+            self.record_write(&h);
+        }
+        Ok(())
+    }
+
+    pub fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> Result<()> {
+        let h = self.file_handle(fh)?;
+        if !h.writable {
+            return err(libc::EBADF);
+        }
+        sys::fallocate(&h.file, mode, offset, len)?;
+        h.dirty.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    pub fn copy_file_range(
+        &self,
+        fh_in: u64,
+        off_in: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+        flags: u32,
+    ) -> Result<usize> {
+        let hi = self.file_handle(fh_in)?;
+        let ho = self.file_handle(fh_out)?;
+        if !ho.writable {
+            return err(libc::EBADF);
+        }
+        let n = sys::copy_file_range(&hi.file, off_in, &ho.file, off_out, len, flags)?;
+        ho.dirty.store(true, Ordering::Release);
+        Ok(n)
+    }
+
+    pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64> {
+        let h = self.file_handle(fh)?;
+        Ok(sys::lseek(&h.file, offset, whence)?)
+    }
+
+    pub fn flock(&self, fh: u64, op: i32) -> Result<()> {
+        let h = self.file_handle(fh)?;
+        Ok(sys::flock(&h.file, op)?)
+    }
+
+    // ----- directories -------------------------------------------------------------
+
+    pub fn opendir(&self, nodeid: u64) -> Result<u64> {
+        if nodeid == control::DIR_INO {
+            let h = CtlHandle {
+                file: CtlFile::Status,
+                content: Vec::new(),
+                written: Vec::new(),
+            };
+            return Ok(self.add_handle(Handle::Control(Arc::new(Mutex::new(h)))));
+        }
+        let node = self.node(nodeid)?;
+        let fd = self.fd(&node)?;
+        let ds = sys::DirStream::open(self.proc_fd.as_fd(), fd.as_fd())?;
+        Ok(self.add_handle(Handle::Dir(Arc::new(Mutex::new(ds)))))
+    }
+
+    pub fn releasedir(&self, fh: u64) {
+        self.take_handle(fh);
+    }
+
+    /// List a directory from `offset`. `add(ino, next_offset, dtype, name)` returns true
+    /// when the reply is full.
+    pub fn readdir(
+        &self,
+        nodeid: u64,
+        fh: u64,
+        offset: i64,
+        mut add: impl FnMut(u64, i64, u8, &OsStr) -> bool,
+    ) -> Result<()> {
+        if nodeid == control::DIR_INO {
+            let mut entries: Vec<(u64, u8, OsString)> = vec![
+                (control::DIR_INO, libc::DT_DIR, ".".into()),
+                (ROOT, libc::DT_DIR, "..".into()),
+            ];
+            for f in control::FILES {
+                entries.push((f.ino(), libc::DT_REG, f.name().into()));
+            }
+            for (i, (ino, t, n)) in entries.iter().enumerate().skip(offset as usize) {
+                if add(*ino, i as i64 + 1, *t, n) {
+                    break;
+                }
+            }
+            return Ok(());
+        }
+        let d = self.dir_handle(fh)?;
+        let mut ds = d.lock();
+        // Offsets are the backing directory's own d_off values. The virtual `.intentfs` entry
+        // is listed right after `.` with the same offset (resuming there continues after
+        // both); ext4 uses i64::MAX as its end marker, so no made-up offset is safe.
+        ds.seek(offset);
+        while let Some(e) = ds.next_entry()? {
+            let name = OsStr::from_bytes(&e.name);
+            if nodeid == ROOT && name == OsStr::new(control::DIR_NAME) {
+                continue;
+            }
+            let ino = if e.name == b".." && nodeid == ROOT {
+                ROOT
+            } else {
+                e.ino
+            };
+            if add(ino, e.offset, e.kind, name) {
+                break;
+            }
+            if nodeid == ROOT
+                && e.name == b"."
+                && add(
+                    control::DIR_INO,
+                    e.offset,
+                    libc::DT_DIR,
+                    OsStr::new(control::DIR_NAME),
+                )
+            {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    // ----- xattrs ------------------------------------------------------------------
+
+    pub fn getxattr(&self, nodeid: u64, name: &OsStr, size: u32) -> Result<Vec<u8>> {
+        if control::is_control(nodeid) {
+            return err(libc::ENODATA);
+        }
+        let node = self.node(nodeid)?;
+        if node.is_symlink() {
+            return err(libc::ENODATA);
+        }
+        let fd = self.fd(&node)?;
+        Ok(sys::getxattr_fd(fd.as_fd(), name, size as usize)?)
+    }
+
+    pub fn listxattr(&self, nodeid: u64, size: u32) -> Result<Vec<u8>> {
+        if control::is_control(nodeid) {
+            return Ok(Vec::new());
+        }
+        let node = self.node(nodeid)?;
+        if node.is_symlink() {
+            return Ok(Vec::new());
+        }
+        let fd = self.fd(&node)?;
+        Ok(sys::listxattr_fd(fd.as_fd(), size as usize)?)
+    }
+
+    pub fn setxattr(
+        &self,
+        caller: &Caller,
+        nodeid: u64,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+    ) -> Result<()> {
+        self.xattr_change(caller, nodeid, name, "setxattr", |fd| {
+            sys::setxattr_fd(fd, name, value, flags)
+        })
+    }
+
+    pub fn removexattr(&self, caller: &Caller, nodeid: u64, name: &OsStr) -> Result<()> {
+        self.xattr_change(caller, nodeid, name, "removexattr", |fd| {
+            sys::removexattr_fd(fd, name)
+        })
+    }
+
+    fn xattr_change(
+        &self,
+        caller: &Caller,
+        nodeid: u64,
+        name: &OsStr,
+        op: &str,
+        act: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> std::io::Result<()>,
+    ) -> Result<()> {
+        if control::is_control(nodeid) {
+            return err(libc::EPERM);
+        }
+        let node = self.node(nodeid)?;
+        if node.is_symlink() {
+            return err(libc::EPERM);
+        }
+        let (ident, rel) = self.authorize_node(caller, op, &node)?;
+        let fd = self.fd(&node)?;
+        act(fd.as_fd())?;
+        let draft = Draft {
+            detail: Some(serde_json::json!({ "op": op, "name": name.to_string_lossy() })),
+            ..Default::default()
+        };
+        self.record(&ident, caller, MutationType::Xattr, &rel, draft);
+        Ok(())
+    }
+}

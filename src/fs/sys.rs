@@ -1,0 +1,615 @@
+//! Thin, safe wrappers over the syscalls the passthrough needs.
+//!
+//! This file holds the crate's `unsafe`: every block has a `// SAFETY:` comment. Every path
+//! operation here is relative to a directory file descriptor and takes a single name
+//! component; none of them resolves a multi-component path or follows a symlink.
+
+use std::ffi::{CStr, CString, OsStr};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+
+/// `stat` as the kernel returns it.
+pub type Stat = libc::stat64;
+
+fn cstr(name: &OsStr) -> io::Result<CString> {
+    CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn check_size(ret: libc::ssize_t) -> io::Result<usize> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret as usize)
+    }
+}
+
+/// A name component must be a single, real entry name: no `/`, not `.` or `..`, not empty.
+pub fn valid_name(name: &OsStr) -> bool {
+    let b = name.as_bytes();
+    !(b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') || b.contains(&0))
+}
+
+/// `openat(dir, name, O_PATH|O_NOFOLLOW|O_CLOEXEC)`: a handle on the entry itself, never
+/// on what a symlink points to.
+pub fn open_path(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<OwnedFd> {
+    let c = cstr(name)?;
+    // SAFETY: `c` is a valid NUL-terminated string, `dir` a live fd; the returned fd is
+    // owned by us alone.
+    let fd = check(unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    })?;
+    // SAFETY: `fd` was just returned by openat and is not owned elsewhere.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Open a path with `O_PATH` (used once, for the workspace root).
+pub fn open_root(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let c = cstr(path.as_os_str())?;
+    // SAFETY: valid C string; we own the returned fd.
+    let fd = check(unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    })?;
+    // SAFETY: fresh fd from open.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`.
+pub fn stat_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<Stat> {
+    let c = cstr(name)?;
+    let mut st = std::mem::MaybeUninit::<Stat>::zeroed();
+    // SAFETY: `st` points to writable memory of the right size; `c` is NUL-terminated.
+    check(unsafe {
+        libc::fstatat64(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    // SAFETY: fstatat64 succeeded and filled the struct.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// `fstat` of any fd, `O_PATH` ones included.
+pub fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<Stat> {
+    let mut st = std::mem::MaybeUninit::<Stat>::zeroed();
+    // SAFETY: empty path with AT_EMPTY_PATH stats the fd itself; buffer is valid.
+    check(unsafe {
+        libc::fstatat64(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    // SAFETY: success means the struct is initialised.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// The `/proc/self/fd` directory, through which an `O_PATH` handle is re-opened with real
+/// access flags (the magic link refers to the very inode, never to a path).
+pub fn open_proc_self_fd() -> io::Result<OwnedFd> {
+    // SAFETY: static C string, we own the fd.
+    let fd = check(unsafe {
+        libc::open(
+            c"/proc/self/fd".as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    })?;
+    // SAFETY: fresh fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn fd_name(fd: RawFd) -> CString {
+    // A decimal number never contains NUL.
+    CString::new(fd.to_string()).unwrap_or_default()
+}
+
+/// Re-open an `O_PATH` handle with `flags`. `O_CREAT`, `O_EXCL`, `O_NOFOLLOW` and `O_NOCTTY`
+/// are stripped: the inode already exists and is the one the handle names.
+pub fn reopen(
+    proc_fd: BorrowedFd<'_>,
+    fd: BorrowedFd<'_>,
+    flags: i32,
+) -> io::Result<std::fs::File> {
+    let flags = (flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_NOCTTY))
+        | libc::O_CLOEXEC;
+    let name = fd_name(fd.as_raw_fd());
+    // SAFETY: valid C string and dirfd; the new fd is ours.
+    let nfd = check(unsafe { libc::openat(proc_fd.as_raw_fd(), name.as_ptr(), flags) })?;
+    // SAFETY: fresh fd from openat.
+    Ok(unsafe { std::fs::File::from_raw_fd(nfd) })
+}
+
+/// `openat(dir, name, flags|O_CREAT|O_EXCL|O_NOFOLLOW, mode)`: create a new regular file.
+pub fn create_at(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    flags: i32,
+    mode: u32,
+) -> io::Result<std::fs::File> {
+    let c = cstr(name)?;
+    let flags = (flags & !libc::O_NOCTTY)
+        | libc::O_CREAT
+        | libc::O_EXCL
+        | libc::O_NOFOLLOW
+        | libc::O_CLOEXEC;
+    // SAFETY: valid C string and dirfd; mode is passed as the variadic argument.
+    let fd =
+        check(unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags, mode as libc::c_uint) })?;
+    // SAFETY: fresh fd.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
+pub fn mkdir_at(dir: BorrowedFd<'_>, name: &OsStr, mode: u32) -> io::Result<()> {
+    let c = cstr(name)?;
+    // SAFETY: valid C string and dirfd.
+    check(unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), mode) }).map(drop)
+}
+
+pub fn mknod_at(dir: BorrowedFd<'_>, name: &OsStr, mode: u32, rdev: u64) -> io::Result<()> {
+    let c = cstr(name)?;
+    // SAFETY: valid C string and dirfd.
+    check(unsafe { libc::mknodat(dir.as_raw_fd(), c.as_ptr(), mode, rdev) }).map(drop)
+}
+
+pub fn symlink_at(target: &OsStr, dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    let t = cstr(target)?;
+    let c = cstr(name)?;
+    // SAFETY: valid C strings and dirfd. The target is stored verbatim, never resolved.
+    check(unsafe { libc::symlinkat(t.as_ptr(), dir.as_raw_fd(), c.as_ptr()) }).map(drop)
+}
+
+pub fn unlink_at(dir: BorrowedFd<'_>, name: &OsStr, is_dir: bool) -> io::Result<()> {
+    let c = cstr(name)?;
+    let flags = if is_dir { libc::AT_REMOVEDIR } else { 0 };
+    // SAFETY: valid C string and dirfd.
+    check(unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), flags) }).map(drop)
+}
+
+pub fn rename_at(
+    olddir: BorrowedFd<'_>,
+    oldname: &OsStr,
+    newdir: BorrowedFd<'_>,
+    newname: &OsStr,
+    flags: u32,
+) -> io::Result<()> {
+    let o = cstr(oldname)?;
+    let n = cstr(newname)?;
+    // SAFETY: valid C strings and dirfds; renameat2 never follows symlinks in the last
+    // component.
+    check(unsafe {
+        libc::renameat2(
+            olddir.as_raw_fd(),
+            o.as_ptr(),
+            newdir.as_raw_fd(),
+            n.as_ptr(),
+            flags,
+        )
+    })
+    .map(drop)
+}
+
+/// Hard-link the inode behind an `O_PATH` handle under a new name, through its
+/// `/proc/self/fd` magic link (no `CAP_DAC_READ_SEARCH` needed, no path resolution).
+pub fn link_fd(
+    proc_fd: BorrowedFd<'_>,
+    fd: BorrowedFd<'_>,
+    newdir: BorrowedFd<'_>,
+    newname: &OsStr,
+) -> io::Result<()> {
+    let src = fd_name(fd.as_raw_fd());
+    let n = cstr(newname)?;
+    // SAFETY: valid C strings and dirfds. AT_SYMLINK_FOLLOW follows only the magic link to
+    // the inode itself.
+    check(unsafe {
+        libc::linkat(
+            proc_fd.as_raw_fd(),
+            src.as_ptr(),
+            newdir.as_raw_fd(),
+            n.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    })
+    .map(drop)
+}
+
+/// The target of the symlink behind an `O_PATH|O_NOFOLLOW` handle.
+pub fn readlink_fd(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: empty path reads the link the fd refers to; buf is writable for its length.
+    let n = check_size(unsafe {
+        libc::readlinkat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            buf.as_mut_ptr() as *mut libc::c_char,
+            buf.len(),
+        )
+    })?;
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// Where the kernel says a directory handle is now (`/proc/self/fd/N`): the real location,
+/// even after a rename made outside the mount.
+pub fn fd_path(fd: BorrowedFd<'_>) -> io::Result<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+pub fn chmod_fd(proc_fd: BorrowedFd<'_>, fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
+    let name = fd_name(fd.as_raw_fd());
+    // SAFETY: valid C string and dirfd; the magic link resolves to the inode itself.
+    check(unsafe { libc::fchmodat(proc_fd.as_raw_fd(), name.as_ptr(), mode, 0) }).map(drop)
+}
+
+pub fn chown_fd(fd: BorrowedFd<'_>, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
+    let uid = uid.unwrap_or(u32::MAX);
+    let gid = gid.unwrap_or(u32::MAX);
+    // SAFETY: AT_EMPTY_PATH acts on the fd itself; -1 leaves an id unchanged.
+    check(unsafe {
+        libc::fchownat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            uid,
+            gid,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
+    .map(drop)
+}
+
+/// A timestamp for `utimensat`: `None` leaves it, `Some(None)` is "now".
+pub type TimeSpec = Option<Option<(i64, i64)>>;
+
+fn timespec(t: TimeSpec) -> libc::timespec {
+    match t {
+        None => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        Some(None) => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        },
+        Some(Some((s, ns))) => libc::timespec {
+            tv_sec: s,
+            tv_nsec: ns,
+        },
+    }
+}
+
+pub fn utimes_fd(
+    proc_fd: BorrowedFd<'_>,
+    fd: BorrowedFd<'_>,
+    atime: TimeSpec,
+    mtime: TimeSpec,
+) -> io::Result<()> {
+    let times = [timespec(atime), timespec(mtime)];
+    let name = fd_name(fd.as_raw_fd());
+    // SAFETY: valid C string, dirfd and a 2-element timespec array.
+    check(unsafe { libc::utimensat(proc_fd.as_raw_fd(), name.as_ptr(), times.as_ptr(), 0) })
+        .map(drop)
+}
+
+/// `utimensat(dir, name, AT_SYMLINK_NOFOLLOW)`: for symlinks themselves.
+pub fn utimes_at_nofollow(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    atime: TimeSpec,
+    mtime: TimeSpec,
+) -> io::Result<()> {
+    let times = [timespec(atime), timespec(mtime)];
+    let c = cstr(name)?;
+    // SAFETY: valid C string, dirfd and timespec array.
+    check(unsafe {
+        libc::utimensat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
+    .map(drop)
+}
+
+pub fn statvfs_fd(fd: BorrowedFd<'_>) -> io::Result<libc::statvfs64> {
+    let mut st = std::mem::MaybeUninit::<libc::statvfs64>::zeroed();
+    // SAFETY: buffer of the right size; fstatvfs works on O_PATH fds.
+    check(unsafe { libc::fstatvfs64(fd.as_raw_fd(), st.as_mut_ptr()) })?;
+    // SAFETY: success means initialised.
+    Ok(unsafe { st.assume_init() })
+}
+
+fn proc_path(fd: BorrowedFd<'_>) -> CString {
+    CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap_or_default()
+}
+
+/// xattr calls go through the `/proc/self/fd` magic link: `O_PATH` fds refuse f*xattr.
+pub fn getxattr_fd(fd: BorrowedFd<'_>, name: &OsStr, size: usize) -> io::Result<Vec<u8>> {
+    let p = proc_path(fd);
+    let n = cstr(name)?;
+    let mut buf = vec![0u8; size];
+    // SAFETY: valid C strings; buf writable for `size` bytes (null pointer when 0 asks for
+    // the size only).
+    let len = check_size(unsafe {
+        libc::getxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            if size == 0 {
+                std::ptr::null_mut()
+            } else {
+                buf.as_mut_ptr() as *mut libc::c_void
+            },
+            size,
+        )
+    })?;
+    if size == 0 {
+        return Ok(vec![0; len]);
+    }
+    buf.truncate(len);
+    Ok(buf)
+}
+
+pub fn listxattr_fd(fd: BorrowedFd<'_>, size: usize) -> io::Result<Vec<u8>> {
+    let p = proc_path(fd);
+    let mut buf = vec![0u8; size];
+    // SAFETY: as getxattr.
+    let len = check_size(unsafe {
+        libc::listxattr(
+            p.as_ptr(),
+            if size == 0 {
+                std::ptr::null_mut()
+            } else {
+                buf.as_mut_ptr() as *mut libc::c_char
+            },
+            size,
+        )
+    })?;
+    if size == 0 {
+        return Ok(vec![0; len]);
+    }
+    buf.truncate(len);
+    Ok(buf)
+}
+
+pub fn setxattr_fd(fd: BorrowedFd<'_>, name: &OsStr, value: &[u8], flags: i32) -> io::Result<()> {
+    let p = proc_path(fd);
+    let n = cstr(name)?;
+    // SAFETY: valid C strings and value slice.
+    check(unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr() as *const libc::c_void,
+            value.len(),
+            flags,
+        )
+    })
+    .map(drop)
+}
+
+pub fn removexattr_fd(fd: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    let p = proc_path(fd);
+    let n = cstr(name)?;
+    // SAFETY: valid C strings.
+    check(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) }).map(drop)
+}
+
+pub fn fallocate(file: &std::fs::File, mode: i32, offset: u64, len: u64) -> io::Result<()> {
+    // SAFETY: plain syscall on an fd we own.
+    check(unsafe { libc::fallocate64(file.as_raw_fd(), mode, offset as i64, len as i64) }).map(drop)
+}
+
+pub fn copy_file_range(
+    fin: &std::fs::File,
+    off_in: u64,
+    fout: &std::fs::File,
+    off_out: u64,
+    len: u64,
+    flags: u32,
+) -> io::Result<usize> {
+    let mut oi = off_in as i64;
+    let mut oo = off_out as i64;
+    // SAFETY: valid fds and offset pointers to locals.
+    check_size(unsafe {
+        libc::copy_file_range(
+            fin.as_raw_fd(),
+            &mut oi,
+            fout.as_raw_fd(),
+            &mut oo,
+            len as usize,
+            flags,
+        )
+    })
+}
+
+pub fn fsync(file: &std::fs::File, datasync: bool) -> io::Result<()> {
+    // SAFETY: plain syscall on an fd we own.
+    check(unsafe {
+        if datasync {
+            libc::fdatasync(file.as_raw_fd())
+        } else {
+            libc::fsync(file.as_raw_fd())
+        }
+    })
+    .map(drop)
+}
+
+pub fn lseek(file: &std::fs::File, offset: i64, whence: i32) -> io::Result<i64> {
+    // SAFETY: plain syscall on an fd we own.
+    let r = unsafe { libc::lseek64(file.as_raw_fd(), offset, whence) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// `flock` on an open file (BSD locks, forwarded when the kernel asks).
+pub fn flock(file: &std::fs::File, op: i32) -> io::Result<()> {
+    // SAFETY: plain syscall.
+    check(unsafe { libc::flock(file.as_raw_fd(), op) }).map(drop)
+}
+
+/// Switch this thread's filesystem uid/gid for creating entries on behalf of a caller, and
+/// switch back on drop. `setfsuid` is per thread on Linux, so other workers are unaffected.
+pub struct FsCred {
+    old_uid: Option<u32>,
+    old_gid: Option<u32>,
+}
+
+impl FsCred {
+    pub fn switch(uid: u32, gid: u32) -> FsCred {
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        if euid != 0 || (uid == 0 && gid == 0) {
+            return FsCred {
+                old_uid: None,
+                old_gid: None,
+            };
+        }
+        // SAFETY: setfsgid/setfsuid only change this thread's fs credentials; the old values
+        // are returned and restored on drop. gid first: after dropping the uid we could not.
+        let old_gid = unsafe { libc::setfsgid(gid) } as u32;
+        // SAFETY: as above.
+        let old_uid = unsafe { libc::setfsuid(uid) } as u32;
+        FsCred {
+            old_uid: Some(old_uid),
+            old_gid: Some(old_gid),
+        }
+    }
+}
+
+impl Drop for FsCred {
+    fn drop(&mut self) {
+        if let Some(u) = self.old_uid {
+            // SAFETY: restoring the thread's previous fs uid.
+            unsafe { libc::setfsuid(u) };
+        }
+        if let Some(g) = self.old_gid {
+            // SAFETY: restoring the thread's previous fs gid.
+            unsafe { libc::setfsgid(g) };
+        }
+    }
+}
+
+/// A directory stream over a directory handle, for readdir with kernel-provided offsets.
+pub struct DirStream {
+    dir: *mut libc::DIR,
+}
+
+// SAFETY: a DIR* may be used from any thread as long as it is used by one at a time; the
+// handle table wraps it in a Mutex.
+unsafe impl Send for DirStream {}
+
+/// One directory entry.
+pub struct DirEntry {
+    pub ino: u64,
+    pub offset: i64,
+    pub kind: u8,
+    pub name: Vec<u8>,
+}
+
+impl DirStream {
+    /// Open the directory behind an `O_PATH` handle for reading.
+    pub fn open(proc_fd: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<DirStream> {
+        let file = reopen(proc_fd, fd, libc::O_RDONLY | libc::O_DIRECTORY)?;
+        let raw = std::os::fd::IntoRawFd::into_raw_fd(file);
+        // SAFETY: fdopendir takes ownership of `raw` on success.
+        let dir = unsafe { libc::fdopendir(raw) };
+        if dir.is_null() {
+            let e = io::Error::last_os_error();
+            // SAFETY: fdopendir failed, so we still own `raw`.
+            unsafe { libc::close(raw) };
+            return Err(e);
+        }
+        Ok(DirStream { dir })
+    }
+
+    pub fn seek(&mut self, offset: i64) {
+        // SAFETY: self.dir is a live DIR*; offset 0 rewinds, others came from telldir/d_off.
+        unsafe {
+            if offset == 0 {
+                libc::rewinddir(self.dir)
+            } else {
+                libc::seekdir(self.dir, offset)
+            }
+        }
+    }
+
+    pub fn next_entry(&mut self) -> io::Result<Option<DirEntry>> {
+        // SAFETY: errno is thread-local; reset it to tell end-of-stream from an error.
+        unsafe { *libc::__errno_location() = 0 };
+        // SAFETY: self.dir is live and used by one thread at a time.
+        let ent = unsafe { libc::readdir64(self.dir) };
+        if ent.is_null() {
+            let e = io::Error::last_os_error();
+            return if e.raw_os_error().unwrap_or(0) == 0 {
+                Ok(None)
+            } else {
+                Err(e)
+            };
+        }
+        // SAFETY: readdir64 returned a valid entry, alive until the next call on this DIR.
+        let ent = unsafe { &*ent };
+        // SAFETY: d_name is NUL-terminated.
+        let name = unsafe { CStr::from_ptr(ent.d_name.as_ptr()) }
+            .to_bytes()
+            .to_vec();
+        Ok(Some(DirEntry {
+            ino: ent.d_ino,
+            offset: ent.d_off,
+            kind: ent.d_type,
+            name,
+        }))
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: dirfd of a live DIR* is valid for the DIR's lifetime, which bounds 'self.
+        unsafe { BorrowedFd::borrow_raw(libc::dirfd(self.dir)) }
+    }
+}
+
+impl Drop for DirStream {
+    fn drop(&mut self) {
+        // SAFETY: self.dir is live and closed exactly once.
+        unsafe { libc::closedir(self.dir) };
+    }
+}
+
+/// Raise `RLIMIT_NOFILE` to its hard limit; returns the new soft limit.
+pub fn raise_nofile_limit() -> u64 {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: rl is a valid out-parameter.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
+        return 1024;
+    }
+    rl.rlim_cur = rl.rlim_max;
+    // SAFETY: valid in-parameter; raising the soft limit to the hard one is always allowed.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rl) };
+    rl.rlim_cur
+}
+
+/// Borrow an fd we know outlives the borrow.
+pub fn borrow(fd: &OwnedFd) -> BorrowedFd<'_> {
+    fd.as_fd()
+}

@@ -1,0 +1,598 @@
+//! The adapter between fuser and the core: the only file that imports fuser. Each handler
+//! converts types, calls [`Fs`], and replies — always, so no request turns into `EIO`.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+use crate::fs::ops::SetAttr;
+use crate::fs::{sys::Stat, Caller, Entry, Fs, FsError, OpenOpts};
+
+/// How long the kernel may cache entries and attributes.
+const TTL: Duration = Duration::from_secs(1);
+
+/// The fuser-facing filesystem.
+pub struct FuseFs {
+    pub fs: Arc<Fs>,
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
+    }
+}
+
+fn errno(e: FsError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn time(sec: i64, nsec: i64) -> SystemTime {
+    if sec >= 0 {
+        UNIX_EPOCH + Duration::new(sec as u64, nsec as u32)
+    } else {
+        UNIX_EPOCH - Duration::from_secs((-sec) as u64)
+    }
+}
+
+fn kind(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn dtype(t: u8) -> FileType {
+    match t {
+        libc::DT_DIR => FileType::Directory,
+        libc::DT_LNK => FileType::Symlink,
+        libc::DT_CHR => FileType::CharDevice,
+        libc::DT_BLK => FileType::BlockDevice,
+        libc::DT_FIFO => FileType::NamedPipe,
+        libc::DT_SOCK => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+/// A backing `stat` as FUSE attributes, under node id `ino`.
+fn attr(ino: u64, st: &Stat) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(ino),
+        size: st.st_size as u64,
+        blocks: st.st_blocks as u64,
+        atime: time(st.st_atime, st.st_atime_nsec),
+        mtime: time(st.st_mtime, st.st_mtime_nsec),
+        ctime: time(st.st_ctime, st.st_ctime_nsec),
+        crtime: time(st.st_ctime, st.st_ctime_nsec),
+        kind: kind(st.st_mode),
+        perm: (st.st_mode & 0o7777) as u16,
+        nlink: st.st_nlink as u32,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        rdev: st.st_rdev as u32,
+        blksize: st.st_blksize as u32,
+        flags: 0,
+    }
+}
+
+fn entry(reply: ReplyEntry, r: Result<Entry, FsError>) {
+    match r {
+        Ok(e) => reply.entry(&TTL, &attr(e.nodeid, &e.st), Generation(0)),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
+fn empty(reply: ReplyEmpty, r: Result<(), FsError>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
+fn fopen(o: OpenOpts) -> FopenFlags {
+    let mut f = FopenFlags::empty();
+    if o.direct_io {
+        f |= FopenFlags::FOPEN_DIRECT_IO;
+    }
+    if o.keep_cache {
+        f |= FopenFlags::FOPEN_KEEP_CACHE;
+    }
+    f
+}
+
+fn timespec(t: Option<TimeOrNow>) -> crate::fs::sys::TimeSpec {
+    t.map(|t| match t {
+        TimeOrNow::Now => None,
+        TimeOrNow::SpecificTime(st) => Some(match st.duration_since(UNIX_EPOCH) {
+            Ok(d) => (d.as_secs() as i64, d.subsec_nanos() as i64),
+            Err(e) => (-(e.duration().as_secs() as i64), 0),
+        }),
+    })
+}
+
+impl Filesystem for FuseFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // O_TRUNC arrives with open instead of a separate setattr, so the truncation is
+        // authorized together with the open.
+        let wanted = InitFlags::FUSE_ATOMIC_O_TRUNC
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_MAX_PAGES;
+        let _ = config.add_capabilities(wanted & config.capabilities());
+        let _ = config.set_max_write(1024 * 1024);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        tracing::info!("filesystem unmounted");
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        entry(reply, self.fs.lookup(parent.0, name));
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(ino.0, fh.map(|f| f.0)) {
+            Ok(st) => reply.attr(&TTL, &attr(ino.0, &st)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let a = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: timespec(atime),
+            mtime: timespec(mtime),
+        };
+        match self.fs.setattr(&caller(req), ino.0, a, fh.map(|f| f.0)) {
+            Ok(st) => reply.attr(&TTL, &attr(ino.0, &st)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(ino.0) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        entry(
+            reply,
+            self.fs
+                .mknod(&caller(req), parent.0, name, mode, umask, rdev),
+        );
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        entry(
+            reply,
+            self.fs.mkdir(&caller(req), parent.0, name, mode, umask),
+        );
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.fs.unlink(&caller(req), parent.0, name, false));
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.fs.unlink(&caller(req), parent.0, name, true));
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        entry(
+            reply,
+            self.fs.symlink(&caller(req), parent.0, link_name, target),
+        );
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        empty(
+            reply,
+            self.fs.rename(
+                &caller(req),
+                parent.0,
+                name,
+                newparent.0,
+                newname,
+                flags.bits(),
+            ),
+        );
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        entry(
+            reply,
+            self.fs.link(&caller(req), ino.0, newparent.0, newname),
+        );
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open(&caller(req), ino.0, flags.0) {
+            Ok((fh, o)) => reply.opened(FileHandle(fh), fopen(o)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.fs.read(fh.0, offset, size) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.fs.write(&caller(req), fh.0, offset, data) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.fs.flush(fh.0));
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.fs.release(fh.0));
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.fs.fsync(fh.0, datasync));
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.opendir(ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let r = self
+            .fs
+            .readdir(ino.0, fh.0, offset as i64, |i, off, t, name| {
+                reply.add(INodeNo(i), off as u64, dtype(t), name)
+            });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.releasedir(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        match self.fs.statfs(ino.0) {
+            Ok(s) => reply.statfs(
+                s.f_blocks,
+                s.f_bfree,
+                s.f_bavail,
+                s.f_files,
+                s.f_ffree,
+                s.f_bsize as u32,
+                s.f_namemax as u32,
+                s.f_frsize as u32,
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        empty(
+            reply,
+            self.fs.setxattr(&caller(req), ino.0, name, value, flags),
+        );
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.fs.getxattr(ino.0, name, size) {
+            Ok(d) if size == 0 => reply.size(d.len() as u32),
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.fs.listxattr(ino.0, size) {
+            Ok(d) if size == 0 => reply.size(d.len() as u32),
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.fs.removexattr(&caller(req), ino.0, name));
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        empty(reply, self.fs.access(ino.0, mask.bits()));
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        match self
+            .fs
+            .create(&caller(req), parent.0, name, mode, umask, flags)
+        {
+            Ok((e, fh, o)) => reply.created(
+                &TTL,
+                &attr(e.nodeid, &e.st),
+                Generation(0),
+                FileHandle(fh),
+                fopen(o),
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.fs.fallocate(fh.0, offset, length, mode));
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        match self.fs.lseek(fh.0, offset, whence) {
+            Ok(o) => reply.offset(o),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        _ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        match self.fs.copy_file_range(
+            fh_in.0,
+            offset_in,
+            fh_out.0,
+            offset_out,
+            len,
+            flags.bits() as u32,
+        ) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+}
+
+/// Mount options and session settings for a governed mount.
+pub struct MountSpec {
+    pub allow_other: bool,
+    pub threads: usize,
+    pub fsname: String,
+}
+
+/// A live, handshaken FUSE session: the mount exists once this returns.
+pub struct Mounted {
+    session: fuser::Session<FuseFs>,
+}
+
+/// Something that unmounts the session from another thread (signal handling).
+pub struct Unmounter(fuser::SessionUnmounter);
+
+impl Unmounter {
+    pub fn unmount(&mut self) -> std::io::Result<()> {
+        self.0.unmount()
+    }
+}
+
+impl Mounted {
+    pub fn new(fs: Arc<Fs>, mountpoint: &Path, spec: &MountSpec) -> std::io::Result<Mounted> {
+        let mut cfg = fuser::Config::default();
+        cfg.mount_options = vec![
+            fuser::MountOption::FSName(spec.fsname.clone()),
+            fuser::MountOption::Subtype("intentfs".into()),
+            fuser::MountOption::DefaultPermissions,
+            fuser::MountOption::NoDev,
+            fuser::MountOption::NoSuid,
+        ];
+        if spec.allow_other {
+            cfg.acl = fuser::SessionACL::All;
+        }
+        cfg.n_threads = Some(spec.threads.max(1));
+        cfg.clone_fd = true;
+        let session = fuser::Session::new(FuseFs { fs }, mountpoint, &cfg)?;
+        Ok(Mounted { session })
+    }
+
+    pub fn unmounter(&mut self) -> Unmounter {
+        Unmounter(self.session.unmount_callable())
+    }
+
+    /// Serve requests until unmounted.
+    pub fn run(self) -> std::io::Result<()> {
+        self.session.run()
+    }
+}

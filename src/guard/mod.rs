@@ -1,0 +1,341 @@
+//! The decision for one operation: which intent the caller works under, whether the path is
+//! protected, ignored, in the intent's scope, sensitive to read.
+//!
+//! Pure over (identity, operation, path): no fuser, no syscalls on the workspace. The
+//! filesystem core asks, and turns a [`Denial`] into `EACCES` plus `last_error`.
+
+pub mod identity;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+use serde::Serialize;
+
+use crate::policy::{IntentIgnore, Policy};
+pub use identity::{Identities, Identity};
+
+/// Why an operation was refused. Every code answers `EACCES` to the syscall.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Code {
+    NoIntent,
+    ScopeViolation,
+    ProtectedPath,
+    StaleFile,
+    SensitiveRead,
+    ApprovalRejected,
+    ApprovalTimeout,
+    CircuitOpen,
+}
+
+impl Code {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::NoIntent => "NO_INTENT",
+            Code::ScopeViolation => "SCOPE_VIOLATION",
+            Code::ProtectedPath => "PROTECTED_PATH",
+            Code::StaleFile => "STALE_FILE",
+            Code::SensitiveRead => "SENSITIVE_READ",
+            Code::ApprovalRejected => "APPROVAL_REJECTED",
+            Code::ApprovalTimeout => "APPROVAL_TIMEOUT",
+            Code::CircuitOpen => "CIRCUIT_OPEN",
+        }
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A refusal, as `.intentfs/last_error` shows it and the ledger records it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Denial {
+    /// The denial code.
+    pub code: Code,
+    /// Workspace-relative path the operation touched (lossy for display).
+    #[serde(serialize_with = "ser_path")]
+    pub path: PathBuf,
+    /// The caller's intent, if one was selected.
+    pub intent: Option<String>,
+    /// What happened, for a person.
+    pub message: String,
+    /// What to do next, for an LLM.
+    pub remedy: String,
+    /// The rule that decided, quoted.
+    pub rule: Option<String>,
+    /// The operation refused (`write`, `unlink`, `rename`, ...).
+    pub op: String,
+    /// When (RFC 3339).
+    pub time: String,
+}
+
+fn ser_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&p.to_string_lossy())
+}
+
+impl Denial {
+    pub fn new(
+        code: Code,
+        op: &str,
+        path: &Path,
+        intent: Option<&str>,
+        message: String,
+        remedy: String,
+    ) -> Denial {
+        Denial {
+            code,
+            path: path.to_path_buf(),
+            intent: intent.map(str::to_owned),
+            message,
+            remedy,
+            rule: None,
+            op: op.to_owned(),
+            time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        }
+    }
+
+    pub fn with_rule(mut self, rule: Option<String>) -> Denial {
+        self.rule = rule;
+        self
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|_| "{}".into())
+    }
+}
+
+fn show(p: &Path) -> String {
+    if p.as_os_str().is_empty() {
+        "/".into()
+    } else {
+        p.to_string_lossy().into_owned()
+    }
+}
+
+/// Paths that are read-only through the mount whatever the intent.
+#[derive(Clone, Debug)]
+pub struct Protected {
+    /// `(path, covers everything below)`.
+    entries: Vec<(PathBuf, bool)>,
+}
+
+impl Protected {
+    /// The fixed set plus `extra` workspace-relative files (the policy and ledger when
+    /// `--policy`/`--ledger` put them inside the workspace).
+    pub fn new(extra: &[PathBuf]) -> Protected {
+        let mut entries = vec![
+            (PathBuf::from(".orchestration"), true),
+            (PathBuf::from(".intentignore"), false),
+            (PathBuf::from(".git/hooks"), true),
+            (PathBuf::from(".git/config"), false),
+        ];
+        for e in extra {
+            if !e.as_os_str().is_empty() {
+                entries.push((e.clone(), false));
+            }
+        }
+        Protected { entries }
+    }
+
+    /// The protected entry covering `rel`, quoted.
+    pub fn matched(&self, rel: &Path) -> Option<String> {
+        for (p, subtree) in &self.entries {
+            if rel == p || (*subtree && rel.starts_with(p)) {
+                return Some(format!(
+                    "always protected \"{}{}\"",
+                    p.display(),
+                    if *subtree { "/" } else { "" }
+                ));
+            }
+        }
+        None
+    }
+
+    /// The protected entry that lies strictly below `rel` (moving or removing `rel` would
+    /// move it), quoted. The workspace root contains them all.
+    pub fn below(&self, rel: &Path) -> Option<String> {
+        self.entries
+            .iter()
+            .find(|(p, _)| p != rel && p.starts_with(rel))
+            .map(|(p, _)| format!("always protected \"{}\" lies below", p.display()))
+    }
+}
+
+/// What happens to a sensitive read until human approval channels exist.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Approver {
+    Deny,
+    Allow,
+}
+
+/// Everything a decision needs, swapped as a whole when the policy reloads.
+pub struct Rules {
+    pub policy: Policy,
+    pub ignore: IntentIgnore,
+    pub protected: Protected,
+}
+
+/// The decision maker for one mount.
+pub struct Guard {
+    rules: RwLock<Arc<Rules>>,
+    approver: Approver,
+    /// The last reload error, shown in `.intentfs/status` until a reload succeeds.
+    reload_error: Mutex<Option<String>>,
+}
+
+impl Guard {
+    pub fn new(rules: Rules, approver: Approver) -> Guard {
+        Guard {
+            rules: RwLock::new(Arc::new(rules)),
+            approver,
+            reload_error: Mutex::new(None),
+        }
+    }
+
+    /// The rules in force (a cheap `Arc` clone; never held across a syscall).
+    pub fn rules(&self) -> Arc<Rules> {
+        self.rules.read().clone()
+    }
+
+    /// Install newly loaded rules.
+    pub fn replace(&self, rules: Rules) {
+        *self.rules.write() = Arc::new(rules);
+        *self.reload_error.lock() = None;
+    }
+
+    /// Remember a failed reload (the last good rules stay in force).
+    pub fn set_reload_error(&self, err: Option<String>) {
+        *self.reload_error.lock() = err;
+    }
+
+    pub fn reload_error(&self) -> Option<String> {
+        self.reload_error.lock().clone()
+    }
+
+    /// May the caller, working under `intent`, change `rel`? `Ok(rule)` quotes the scope rule
+    /// that allowed it.
+    pub fn check_write(
+        &self,
+        intent: Option<&str>,
+        op: &str,
+        rel: &Path,
+        is_dir: bool,
+    ) -> Result<String, Denial> {
+        let rules = self.rules();
+        if let Some(rule) = rules.protected.matched(rel) {
+            return Err(Denial::new(
+                Code::ProtectedPath,
+                op,
+                rel,
+                intent,
+                format!("{} is protected: it is read-only through the mount whatever the intent", show(rel)),
+                "Do not modify governance files (.orchestration/, .intentignore, .git/hooks, .git/config). \
+                 Ask the human to change them if the task requires it."
+                    .into(),
+            )
+            .with_rule(Some(rule)));
+        }
+        if rel.as_os_str().is_empty() {
+            return Err(Denial::new(
+                Code::ProtectedPath,
+                op,
+                rel,
+                intent,
+                "the workspace root itself cannot be changed through the mount".into(),
+                "Change files inside the workspace, not the workspace directory itself.".into(),
+            ));
+        }
+        let Some(id) = intent else {
+            return Err(Denial::new(
+                Code::NoIntent,
+                op,
+                rel,
+                None,
+                format!("no intent is selected, so {} cannot be changed", show(rel)),
+                "Select an intent before changing files: read .intentfs/intents to see the selectable \
+                 intents, then write one id to .intentfs/intent (e.g. `echo INT-001 > .intentfs/intent`), \
+                 and read .intentfs/context for its scope and constraints."
+                    .into(),
+            ));
+        };
+        let Some(it) = rules.policy.intent(id) else {
+            return Err(Denial::new(
+                Code::NoIntent,
+                op,
+                rel,
+                intent,
+                format!("the selected intent {id} is no longer in the policy"),
+                "Read .intentfs/intents and select an intent that exists by writing its id to .intentfs/intent."
+                    .into(),
+            ));
+        };
+        if !it.selectable() {
+            return Err(Denial::new(
+                Code::NoIntent,
+                op,
+                rel,
+                intent,
+                format!("the selected intent {id} is no longer IN_PROGRESS"),
+                "Stop changing files for this intent. Read .intentfs/intents and select an IN_PROGRESS intent, \
+                 or ask the human to resume this one."
+                    .into(),
+            ));
+        }
+        if let Some(rule) = rules.ignore.matched(rel, is_dir) {
+            return Err(Denial::new(
+                Code::ProtectedPath,
+                op,
+                rel,
+                intent,
+                format!("{} is listed in .intentignore: no intent may write it", show(rel)),
+                "Leave this path alone; it is excluded from every intent. If the task truly needs it, stop and \
+                 ask the human."
+                    .into(),
+            )
+            .with_rule(Some(rule)));
+        }
+        match it.scope_match(rel) {
+            Some(rule) => Ok(rule),
+            None => Err(Denial::new(
+                Code::ScopeViolation,
+                op,
+                rel,
+                intent,
+                format!("{} is outside the scope of intent {id} ({})", show(rel), it.owned_scope.join(", ")),
+                format!(
+                    "Only change files matching the owned_scope of {id}: {}. Read .intentfs/context. If this \
+                     change is really needed, stop and ask the human to extend the scope or select another intent.",
+                    it.owned_scope.join(", ")
+                ),
+            )),
+        }
+    }
+
+    /// May `rel` be read? Sensitive paths need a human's approval (here: the `--approver`).
+    pub fn check_read(&self, intent: Option<&str>, rel: &Path) -> Result<(), Denial> {
+        let rules = self.rules();
+        let Some(rule) = rules.policy.sensitive_match(rel) else {
+            return Ok(());
+        };
+        if self.approver == Approver::Allow {
+            return Ok(());
+        }
+        Err(Denial::new(
+            Code::SensitiveRead,
+            "read",
+            rel,
+            intent,
+            format!("{} is sensitive: reading it needs a human's approval", show(rel)),
+            "Do not read secrets. Work without this file's content, or ask the human to provide what you need."
+                .into(),
+        )
+        .with_rule(Some(rule)))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,222 @@
+//! Line-level attribution: for each line of a file as it is now, which intent and
+//! agent last changed it, replayed from the line ranges the ledger recorded.
+//!
+//! The replay is honest about its limits. Ranges mark changed lines of each new
+//! version, but not where lines were deleted, so lines are not shifted between
+//! versions: an attribution stays on its line number. If the file on disk no longer
+//! has the last recorded hash, every line is "changed outside the mount"; lines no
+//! recorded range covers "predate the ledger". Pure over the ledger and one file.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::entry::{Entry, MutationType};
+use super::ranges::sha256_bytes;
+use super::reader::{outcome_failed, read_entries, rekey, remove_tree};
+
+/// The entry a line (or version) is attributed to.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Change {
+    /// The intent that made it.
+    pub intent_id: Option<String>,
+    /// The agent name.
+    pub agent: Option<String>,
+    /// The entry's id.
+    pub entry_id: String,
+    /// When.
+    pub timestamp: String,
+    /// Mutation type (`WRITE`, `TRUNCATE`, ...).
+    pub mutation_type: MutationType,
+    /// The content hash it recorded.
+    pub content_hash: Option<String>,
+}
+
+/// Where one line comes from.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case", tag = "origin")]
+pub enum Origin {
+    /// Last changed by this entry's recorded ranges.
+    Ledger(Change),
+    /// Changed by this entry, which recorded no line ranges (binary or > 1 MiB at the
+    /// time): the line may or may not be its work.
+    Unranged(Change),
+    /// No recorded range covers it.
+    PredatesLedger,
+    /// The file changed outside the mount since its last entry.
+    ChangedOutside,
+}
+
+/// One line of the blame.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct BlameLine {
+    /// 1-based line number.
+    pub line: u32,
+    /// Attribution.
+    #[serde(flatten)]
+    pub origin: Origin,
+    /// The line's text (lossy UTF-8, without the newline).
+    pub text: String,
+}
+
+/// The result of [`blame`].
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct BlameReport {
+    /// The workspace-relative path asked about.
+    pub path: String,
+    /// Hash of the file on disk now.
+    pub current_hash: String,
+    /// The last hash the ledger recorded for it.
+    pub recorded_hash: Option<String>,
+    /// Why the attribution is not exact, if it is not.
+    pub warning: Option<String>,
+    /// Every recorded version of the file, oldest first (following renames).
+    pub versions: Vec<Change>,
+    /// One per line of the file as it is now.
+    pub lines: Vec<BlameLine>,
+}
+
+#[derive(Clone, Default)]
+struct FileAttr {
+    /// Per line, index into `changes` of its last change.
+    lines: Vec<Option<usize>>,
+    /// A change without ranges that touched lines not covered later.
+    unranged: Option<usize>,
+    /// Last recorded content hash.
+    hash: Option<String>,
+    /// Every version, as indexes into `changes`.
+    versions: Vec<usize>,
+}
+
+fn change_of(e: &Entry) -> Change {
+    Change {
+        intent_id: e.intent_id.clone(),
+        agent: e.agent.as_ref().map(|a| a.name.clone()),
+        entry_id: e.id.clone(),
+        timestamp: e.timestamp.clone(),
+        mutation_type: e.mutation_type,
+        content_hash: e.content_hash.clone(),
+    }
+}
+
+/// Replays `entries` and returns the attribution state of every path.
+fn replay(entries: &[(u64, Entry)]) -> (HashMap<PathBuf, FileAttr>, Vec<Change>) {
+    let mut files: HashMap<PathBuf, FileAttr> = HashMap::new();
+    let mut changes = Vec::new();
+    for (_, e) in entries {
+        if e.mutation_type.is_governance() || outcome_failed(&e.outcome) {
+            continue;
+        }
+        let Some(path) = e.path_buf() else { continue };
+        match e.mutation_type {
+            MutationType::Delete | MutationType::Rmdir => remove_tree(&mut files, &path),
+            MutationType::Rename => {
+                if let Some(from) = e.from_buf() {
+                    remove_tree(&mut files, &path);
+                    rekey(&mut files, &from, &path);
+                }
+            }
+            MutationType::Link => {
+                if let Some(attr) = e.from_buf().and_then(|f| files.get(&f).cloned()) {
+                    files.insert(path.clone(), attr);
+                }
+            }
+            MutationType::Write | MutationType::Truncate | MutationType::Mknod => {
+                let idx = changes.len();
+                changes.push(change_of(e));
+                let attr = files.entry(path.clone()).or_default();
+                if e.created || e.mutation_type == MutationType::Mknod {
+                    *attr = FileAttr::default();
+                }
+                attr.versions.push(idx);
+                match &e.ranges {
+                    Some(ranges) => {
+                        for r in ranges {
+                            let (s, end) = (r.start_line.max(1) as usize, r.end_line as usize);
+                            if end < s {
+                                continue;
+                            }
+                            if attr.lines.len() < end {
+                                attr.lines.resize(end, None);
+                            }
+                            attr.lines[s - 1..end].fill(Some(idx));
+                        }
+                    }
+                    None => {
+                        attr.lines.clear();
+                        attr.unranged = Some(idx);
+                    }
+                }
+            }
+            _ => {}
+        }
+        if let Some(h) = &e.content_hash {
+            if let Some(attr) = files.get_mut(&path) {
+                attr.hash = Some(h.clone());
+            }
+        }
+    }
+    (files, changes)
+}
+
+/// Attributes each line of `workspace/rel_path` as it is now.
+pub fn blame(ledger_path: &Path, workspace: &Path, rel_path: &Path) -> io::Result<BlameReport> {
+    let content = std::fs::read(workspace.join(rel_path))?;
+    let current_hash = sha256_bytes(&content);
+    let entries = read_entries(ledger_path)?;
+    let (files, changes) = replay(&entries);
+    let attr = files.get(rel_path).cloned().unwrap_or_default();
+    let recorded_hash = attr.hash.clone();
+    let outside = recorded_hash.as_ref().is_some_and(|h| *h != current_hash);
+    let warning = if outside {
+        Some(format!(
+            "{} changed outside the mount since its last entry (recorded {}, now {}): line attribution unknown",
+            rel_path.display(),
+            recorded_hash.as_deref().unwrap_or("-"),
+            current_hash
+        ))
+    } else if attr.versions.is_empty() {
+        Some(format!(
+            "{}: the ledger has no write to this file",
+            rel_path.display()
+        ))
+    } else if recorded_hash.is_none() {
+        Some(format!(
+            "{}: the last write recorded no hash; attribution not checked against the disk",
+            rel_path.display()
+        ))
+    } else {
+        None
+    };
+    let lines = content
+        .split_inclusive(|&b| b == b'\n')
+        .enumerate()
+        .map(|(i, l)| {
+            let origin = if outside {
+                Origin::ChangedOutside
+            } else {
+                match (attr.lines.get(i).copied().flatten(), attr.unranged) {
+                    (Some(c), _) => Origin::Ledger(changes[c].clone()),
+                    (None, Some(c)) => Origin::Unranged(changes[c].clone()),
+                    (None, None) => Origin::PredatesLedger,
+                }
+            };
+            let l = l.strip_suffix(b"\n").unwrap_or(l);
+            BlameLine {
+                line: i as u32 + 1,
+                origin,
+                text: String::from_utf8_lossy(l).into_owned(),
+            }
+        })
+        .collect();
+    Ok(BlameReport {
+        path: rel_path.to_string_lossy().into_owned(),
+        current_hash,
+        recorded_hash,
+        warning,
+        versions: attr.versions.iter().map(|&i| changes[i].clone()).collect(),
+        lines,
+    })
+}

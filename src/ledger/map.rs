@@ -1,0 +1,537 @@
+//! `.orchestration/intent_map.md`: intent -> the files it changed, and the functions
+//! or top-level items it touched where the language is recognisable (Rust, Python,
+//! JavaScript/TypeScript, Go), for people and for the next agent.
+//!
+//! [`IntentMapWriter`] reads the ledger incrementally (only the bytes appended since
+//! its last look) and debounces writes, so the daemon can call it after every batch,
+//! or let [`IntentMapWriter::spawn`] poll in the background. Items are found by
+//! simple line patterns at the recorded changed ranges, read from the file when the
+//! entry is ingested (closest to the version the entry describes).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::{self, BufReader, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::entry::{Entry, MutationType};
+use super::reader::{outcome_failed, parse_line, Lines};
+
+/// Files larger than this are not scanned for items.
+const MAX_SCAN_BYTES: u64 = 1024 * 1024;
+/// At most this many items are listed per file.
+const MAX_ITEMS: usize = 12;
+
+#[derive(Default)]
+struct FileStats {
+    changes: u64,
+    writes: u64,
+    last_time: String,
+    last_type: &'static str,
+    last_agent: String,
+    items: BTreeSet<String>,
+}
+
+#[derive(Default)]
+struct MapState {
+    /// Bytes of the ledger already ingested (always at a line boundary).
+    offset: u64,
+    entries: u64,
+    /// intent ("(no intent)" when none) -> path -> stats.
+    intents: BTreeMap<String, BTreeMap<String, FileStats>>,
+    /// Whether something was ingested since the last write.
+    dirty: bool,
+    last_write: Option<Instant>,
+}
+
+/// Keeps `intent_map.md` up to date with a ledger.
+pub struct IntentMapWriter {
+    ledger_path: PathBuf,
+    workspace: Option<PathBuf>,
+    out: PathBuf,
+    min_interval: Duration,
+    state: Mutex<MapState>,
+}
+
+impl IntentMapWriter {
+    /// A writer of `out` from `ledger_path`; `workspace` (for item names) may be None.
+    /// Writes at most once per second unless [`IntentMapWriter::write_now`].
+    pub fn new(ledger_path: &Path, workspace: Option<&Path>, out: &Path) -> IntentMapWriter {
+        IntentMapWriter {
+            ledger_path: ledger_path.to_path_buf(),
+            workspace: workspace.map(Path::to_path_buf),
+            out: out.to_path_buf(),
+            min_interval: Duration::from_secs(1),
+            state: Mutex::new(MapState::default()),
+        }
+    }
+
+    /// Ingests new ledger lines and rewrites the map if anything changed and the
+    /// last write is at least a second old. Returns whether it wrote. Cheap to call
+    /// often.
+    pub fn update(&self) -> io::Result<bool> {
+        let mut st = self.state.lock();
+        self.ingest(&mut st)?;
+        let due = st
+            .last_write
+            .is_none_or(|t| t.elapsed() >= self.min_interval);
+        if st.dirty && due {
+            self.write(&mut st)?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Ingests and writes now, whatever the debounce says.
+    pub fn write_now(&self) -> io::Result<()> {
+        let mut st = self.state.lock();
+        self.ingest(&mut st)?;
+        self.write(&mut st)
+    }
+
+    /// Runs [`IntentMapWriter::update`] every `every` on a thread; the returned guard
+    /// stops it (with a final write) when dropped.
+    pub fn spawn(self, every: Duration) -> io::Result<IntentMapThread> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = crossbeam_channel::bounded::<()>(0);
+        let flag = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("intentfs-intent-map".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    if let Err(e) = self.update() {
+                        tracing::warn!(out = %self.out.display(), "intent map: {e}");
+                    }
+                    // Sleeps `every`, or wakes at once when the guard is dropped.
+                    let _ = rx.recv_timeout(every);
+                }
+                if let Err(e) = self.write_now() {
+                    tracing::warn!(out = %self.out.display(), "intent map: {e}");
+                }
+            })?;
+        Ok(IntentMapThread {
+            stop,
+            wake: Some(tx),
+            handle: Some(handle),
+        })
+    }
+
+    fn ingest(&self, st: &mut MapState) -> io::Result<()> {
+        let mut f = match File::open(&self.ledger_path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let len = f.metadata()?.len();
+        if len < st.offset {
+            // Truncated (torn-tail repair): start over.
+            *st = MapState {
+                last_write: st.last_write,
+                dirty: true,
+                ..MapState::default()
+            };
+        }
+        if len == st.offset {
+            return Ok(());
+        }
+        f.seek(SeekFrom::Start(st.offset))?;
+        let base = st.offset;
+        for line in Lines::new(BufReader::new(f)) {
+            let line = line?;
+            if !line.terminated {
+                break; // being written; read it next time
+            }
+            st.offset = base + line.offset + line.bytes.len() as u64;
+            st.entries += 1;
+            st.dirty = true;
+            if let Ok(e) = parse_line(line.content()) {
+                self.add(st, &e);
+            }
+        }
+        Ok(())
+    }
+
+    fn add(&self, st: &mut MapState, e: &Entry) {
+        if e.mutation_type.is_governance() || outcome_failed(&e.outcome) {
+            return;
+        }
+        let Some(path) = e.path.clone() else { return };
+        if path.starts_with(".git/") {
+            return;
+        }
+        let intent = e
+            .intent_id
+            .clone()
+            .unwrap_or_else(|| "(no intent)".to_owned());
+        let stats = st
+            .intents
+            .entry(intent)
+            .or_default()
+            .entry(path)
+            .or_default();
+        stats.changes += 1;
+        if e.mutation_type == MutationType::Write {
+            stats.writes += 1;
+        }
+        stats.last_time = e.timestamp.clone();
+        stats.last_type = e.mutation_type.as_str();
+        stats.last_agent = e.agent.as_ref().map(|a| a.name.clone()).unwrap_or_default();
+        if let (Some(ws), Some(ranges), Some(p)) = (&self.workspace, &e.ranges, e.path_buf()) {
+            if stats.items.len() < MAX_ITEMS {
+                let spans: Vec<(u32, u32)> =
+                    ranges.iter().map(|r| (r.start_line, r.end_line)).collect();
+                for item in items_touched(&ws.join(p), &spans) {
+                    if stats.items.len() >= MAX_ITEMS {
+                        break;
+                    }
+                    stats.items.insert(item);
+                }
+            }
+        }
+    }
+
+    fn write(&self, st: &mut MapState) -> io::Result<()> {
+        let text = render(st, &self.ledger_path);
+        write_atomic(&self.out, text.as_bytes())?;
+        st.dirty = false;
+        st.last_write = Some(Instant::now());
+        Ok(())
+    }
+}
+
+/// Stops the background intent-map thread on drop.
+pub struct IntentMapThread {
+    stop: Arc<AtomicBool>,
+    wake: Option<crossbeam_channel::Sender<()>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Drop for IntentMapThread {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Dropping the sender wakes the sleeping thread.
+        drop(self.wake.take());
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Regenerates the intent map once from the whole ledger.
+pub fn write_intent_map(
+    ledger_path: &Path,
+    workspace: Option<&Path>,
+    out: &Path,
+) -> io::Result<()> {
+    IntentMapWriter::new(ledger_path, workspace, out).write_now()
+}
+
+fn cell(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}
+
+fn render(st: &MapState, ledger_path: &Path) -> String {
+    let mut s = String::new();
+    s.push_str("# Intent map\n\n");
+    s.push_str(&format!(
+        "Regenerated by intentfs from `{}` ({} entries). Do not edit: it is rewritten as the ledger grows.\n",
+        cell(&ledger_path.display().to_string()),
+        st.entries
+    ));
+    if st.intents.is_empty() {
+        s.push_str("\nNo changes recorded yet.\n");
+    }
+    for (intent, files) in &st.intents {
+        s.push_str(&format!("\n## {}\n\n", cell(intent)));
+        s.push_str("| file | changes | writes | last change | last agent | items touched |\n");
+        s.push_str("|---|---:|---:|---|---|---|\n");
+        for (path, f) in files {
+            let items: Vec<String> = f
+                .items
+                .iter()
+                .map(|i| format!("`{}`", cell(i).replace('`', "'")))
+                .collect();
+            s.push_str(&format!(
+                "| `{}` | {} | {} | {} {} | {} | {} |\n",
+                cell(path).replace('`', "'"),
+                f.changes,
+                f.writes,
+                f.last_time,
+                f.last_type,
+                cell(&f.last_agent),
+                items.join(", ")
+            ));
+        }
+    }
+    s
+}
+
+/// Writes via a temporary file in the same directory and a rename, so readers never
+/// see a half-written map.
+fn write_atomic(out: &Path, data: &[u8]) -> io::Result<()> {
+    let dir = out
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let res = (|| {
+        let mut f = File::create(&tmp)?;
+        f.write_all(data)?;
+        f.sync_data()?;
+        std::fs::rename(&tmp, out)
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Lang {
+    Rust,
+    Python,
+    Js,
+    Go,
+}
+
+fn lang_of(path: &Path) -> Option<Lang> {
+    match path.extension()?.to_str()? {
+        "rs" => Some(Lang::Rust),
+        "py" | "pyi" => Some(Lang::Python),
+        "js" | "jsx" | "mjs" | "cjs" | "ts" | "tsx" | "mts" | "cts" => Some(Lang::Js),
+        "go" => Some(Lang::Go),
+        _ => None,
+    }
+}
+
+fn ident(s: &str) -> Option<&str> {
+    let end = s
+        .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '$'))
+        .unwrap_or(s.len());
+    (end > 0).then(|| &s[..end])
+}
+
+/// Strips any of `prefixes` (each followed by whitespace) from the start, repeatedly.
+fn strip_words<'a>(mut s: &'a str, prefixes: &[&str]) -> &'a str {
+    'outer: loop {
+        for p in prefixes {
+            if let Some(rest) = s.strip_prefix(p) {
+                if rest.starts_with(char::is_whitespace) || p.ends_with(')') {
+                    s = rest.trim_start();
+                    continue 'outer;
+                }
+            }
+        }
+        return s;
+    }
+}
+
+/// The item a line declares (`fn parse`, `class Foo`, ...), if any.
+fn item_of(line: &str, lang: Lang) -> Option<String> {
+    let t = line.trim_start();
+    match lang {
+        Lang::Rust => {
+            let t = strip_words(
+                t,
+                &[
+                    "pub(crate)",
+                    "pub(super)",
+                    "pub(self)",
+                    "pub",
+                    "async",
+                    "unsafe",
+                    "const",
+                    "extern \"C\"",
+                    "extern",
+                    "default",
+                ],
+            );
+            for kw in ["fn", "struct", "enum", "trait", "mod", "union"] {
+                if let Some(rest) = t
+                    .strip_prefix(kw)
+                    .filter(|r| r.starts_with(char::is_whitespace))
+                {
+                    return ident(rest.trim_start()).map(|n| format!("{kw} {n}"));
+                }
+            }
+            if let Some(rest) = t.strip_prefix("macro_rules!") {
+                return ident(rest.trim_start()).map(|n| format!("macro_rules! {n}"));
+            }
+            if t.starts_with("impl") && t[4..].starts_with(|c: char| c.is_whitespace() || c == '<')
+            {
+                let head = t.split('{').next().unwrap_or(t).trim();
+                let head = head.strip_suffix("where").unwrap_or(head).trim();
+                return Some(head.chars().take(60).collect());
+            }
+            None
+        }
+        Lang::Python => {
+            let t = strip_words(t, &["async"]);
+            for kw in ["def", "class"] {
+                if let Some(rest) = t
+                    .strip_prefix(kw)
+                    .filter(|r| r.starts_with(char::is_whitespace))
+                {
+                    return ident(rest.trim_start()).map(|n| format!("{kw} {n}"));
+                }
+            }
+            None
+        }
+        Lang::Js => {
+            let t = strip_words(t, &["export", "default", "async", "declare", "abstract"]);
+            for kw in ["function*", "function", "class", "interface", "enum"] {
+                if let Some(rest) = t
+                    .strip_prefix(kw)
+                    .filter(|r| r.starts_with(char::is_whitespace))
+                {
+                    let kw = kw.trim_end_matches('*');
+                    return ident(rest.trim_start()).map(|n| format!("{kw} {n}"));
+                }
+            }
+            // `const name = (...) =>` / `= function`: top-level arrow functions.
+            let t2 = strip_words(t, &["const", "let", "var"]);
+            if t2.len() < t.len() && (line.contains("=>") || line.contains("function")) {
+                return ident(t2).map(|n| format!("function {n}"));
+            }
+            None
+        }
+        Lang::Go => {
+            if let Some(rest) = t.strip_prefix("func").filter(|r| r.starts_with([' ', '('])) {
+                let rest = rest.trim_start();
+                // Method: skip the receiver.
+                let rest = if rest.starts_with('(') {
+                    rest.find(')')
+                        .map(|i| rest[i + 1..].trim_start())
+                        .unwrap_or(rest)
+                } else {
+                    rest
+                };
+                return ident(rest).map(|n| format!("func {n}"));
+            }
+            if let Some(rest) = t.strip_prefix("type ") {
+                return ident(rest.trim_start()).map(|n| format!("type {n}"));
+            }
+            None
+        }
+    }
+}
+
+/// Items touched by changes at `ranges` (1-based inclusive) of the file at `path`:
+/// the item enclosing each range's start and every item declared inside a range.
+pub fn items_touched(path: &Path, ranges: &[(u32, u32)]) -> Vec<String> {
+    let Some(lang) = lang_of(path) else {
+        return Vec::new();
+    };
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Vec::new();
+    };
+    if !meta.is_file() || meta.len() > MAX_SCAN_BYTES {
+        return Vec::new();
+    }
+    let Ok(bytes) = std::fs::read(path) else {
+        return Vec::new();
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out: Vec<String> = Vec::new();
+    let mut push = |s: String| {
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    };
+    for &(s, e) in ranges {
+        let s = (s.max(1) as usize).min(lines.len().max(1));
+        let e = (e as usize).min(lines.len());
+        if let Some(item) = lines[..s.min(lines.len())]
+            .iter()
+            .rev()
+            .find_map(|l| item_of(l, lang))
+        {
+            push(item);
+        }
+        for l in lines.iter().take(e).skip(s) {
+            if let Some(item) = item_of(l, lang) {
+                push(item);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn items_by_language() {
+        let rs = |l| item_of(l, Lang::Rust);
+        assert_eq!(
+            rs("pub(crate) async fn parse_line(x: u8) {"),
+            Some("fn parse_line".into())
+        );
+        assert_eq!(rs("    pub unsafe fn raw() {"), Some("fn raw".into()));
+        assert_eq!(
+            rs("impl<T: Clone> Writer for Ledger<T> {"),
+            Some("impl<T: Clone> Writer for Ledger<T>".into())
+        );
+        assert_eq!(rs("pub struct Entry {"), Some("struct Entry".into()));
+        assert_eq!(rs("let fn_x = 3;"), None);
+        assert_eq!(rs("// fn commented"), None);
+        assert_eq!(
+            item_of("async def fetch(url):", Lang::Python),
+            Some("def fetch".into())
+        );
+        assert_eq!(
+            item_of("class Foo(Base):", Lang::Python),
+            Some("class Foo".into())
+        );
+        assert_eq!(
+            item_of("export default async function main() {", Lang::Js),
+            Some("function main".into())
+        );
+        assert_eq!(
+            item_of("export const add = (a, b) => a + b;", Lang::Js),
+            Some("function add".into())
+        );
+        assert_eq!(item_of("const x = 3;", Lang::Js), None);
+        assert_eq!(
+            item_of(
+                "func (s *Server) Run(ctx context.Context) error {",
+                Lang::Go
+            ),
+            Some("func Run".into())
+        );
+        assert_eq!(
+            item_of("type Config struct {", Lang::Go),
+            Some("type Config".into())
+        );
+    }
+
+    #[test]
+    fn items_touched_finds_enclosing_and_declared() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.py");
+        std::fs::write(
+            &p,
+            "import os\n\ndef a():\n    return 1\n\ndef b():\n    return 2\n\nclass C:\n    pass\n",
+        )
+        .unwrap();
+        assert_eq!(items_touched(&p, &[(4, 4)]), vec!["def a".to_string()]);
+        assert_eq!(
+            items_touched(&p, &[(7, 10)]),
+            vec!["def b".to_string(), "class C".to_string()]
+        );
+        assert!(items_touched(&p, &[(1, 1)]).is_empty());
+        assert!(items_touched(&dir.path().join("x.txt"), &[(1, 1)]).is_empty());
+    }
+}

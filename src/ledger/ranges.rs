@@ -1,0 +1,150 @@
+//! Content hashing and line-range diffs: the two computations the filesystem makes
+//! on a file's bytes before handing a [`super::Draft`] to the ledger.
+//!
+//! Pure functions over bytes and one streaming file read; no knowledge of intents.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+/// Largest file (each side) for which line ranges are computed.
+pub const MAX_DIFF_BYTES: usize = 1024 * 1024;
+
+/// A diff that takes longer than this falls back to a coarser (still correct:
+/// it may only over-report changed lines) answer.
+const DIFF_DEADLINE: Duration = Duration::from_millis(200);
+
+/// `("sha256:<hex>", size)` of a file, streaming with a 128 KiB buffer.
+pub fn sha256_file(path: &Path) -> io::Result<(String, u64)> {
+    let mut f = File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 128 * 1024];
+    let mut size = 0u64;
+    loop {
+        let n = match f.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        hasher.update(&buf[..n]);
+        size += n as u64;
+    }
+    Ok((format!("sha256:{}", hex::encode(hasher.finalize())), size))
+}
+
+/// `"sha256:<hex>"` of bytes in memory.
+pub fn sha256_bytes(data: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(data)))
+}
+
+/// Whether bytes look like text: no NUL byte (the test git and grep use).
+pub fn is_text(data: &[u8]) -> bool {
+    !data.contains(&0)
+}
+
+/// The changed line ranges of `new` relative to `old`, 1-based and inclusive, merged
+/// when adjacent. None if either side is not text or is larger than 1 MiB.
+///
+/// Lines keep their `\n`, so adding a final newline marks the last line changed.
+/// A pure deletion changes no line of the new version and gives `Some(vec![])`.
+pub fn changed_ranges(old: &[u8], new: &[u8]) -> Option<Vec<(u32, u32)>> {
+    if old.len() > MAX_DIFF_BYTES || new.len() > MAX_DIFF_BYTES || !is_text(old) || !is_text(new) {
+        return None;
+    }
+    let old_lines: Vec<&[u8]> = old.split_inclusive(|&b| b == b'\n').collect();
+    let new_lines: Vec<&[u8]> = new.split_inclusive(|&b| b == b'\n').collect();
+    let ops = similar::capture_diff_slices_deadline(
+        similar::Algorithm::Myers,
+        &old_lines,
+        &new_lines,
+        Some(Instant::now() + DIFF_DEADLINE),
+    );
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    for op in ops {
+        let (start, len) = match op {
+            similar::DiffOp::Insert {
+                new_index, new_len, ..
+            } => (new_index, new_len),
+            similar::DiffOp::Replace {
+                new_index, new_len, ..
+            } => (new_index, new_len),
+            similar::DiffOp::Equal { .. } | similar::DiffOp::Delete { .. } => continue,
+        };
+        if len == 0 {
+            continue;
+        }
+        // Line counts fit u32: at most 1 MiB of input.
+        let (s, e) = (start as u32 + 1, (start + len) as u32);
+        match out.last_mut() {
+            Some(last) if last.1 + 1 >= s => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sha256_file_matches_known_vector_and_streams() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"abc").unwrap();
+        assert_eq!(
+            sha256_file(&p).unwrap(),
+            (
+                "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+                    .to_owned(),
+                3
+            )
+        );
+        // Larger than the buffer, not a multiple of it.
+        let big: Vec<u8> = (0..300_001u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&p, &big).unwrap();
+        assert_eq!(
+            sha256_file(&p).unwrap(),
+            (sha256_bytes(&big), big.len() as u64)
+        );
+        assert!(sha256_file(&dir.path().join("missing")).is_err());
+    }
+
+    #[test]
+    fn ranges_for_insert_delete_modify() {
+        let old = b"a\nb\nc\nd\ne\n";
+        // Modify line 3.
+        assert_eq!(changed_ranges(old, b"a\nb\nC\nd\ne\n"), Some(vec![(3, 3)]));
+        // Insert two lines after line 1.
+        assert_eq!(
+            changed_ranges(old, b"a\nx\ny\nb\nc\nd\ne\n"),
+            Some(vec![(2, 3)])
+        );
+        // Delete line 2: nothing in the new version changed.
+        assert_eq!(changed_ranges(old, b"a\nc\nd\ne\n"), Some(vec![]));
+        // Two separate edits stay separate; adjacent ones merge.
+        assert_eq!(
+            changed_ranges(old, b"A\nb\nc\nd\nE\n"),
+            Some(vec![(1, 1), (5, 5)])
+        );
+        assert_eq!(changed_ranges(old, b"A\nB\nc\nd\ne\n"), Some(vec![(1, 2)]));
+        // Creation: everything is new; a missing final newline is a change.
+        assert_eq!(changed_ranges(b"", b"x\ny\nz"), Some(vec![(1, 3)]));
+        assert_eq!(changed_ranges(b"x\ny", b"x\ny\n"), Some(vec![(2, 2)]));
+        assert_eq!(changed_ranges(old, old), Some(vec![]));
+    }
+
+    #[test]
+    fn ranges_refuse_binary_and_large() {
+        assert_eq!(changed_ranges(b"a\0b", b"a"), None);
+        assert_eq!(changed_ranges(b"a", b"\0"), None);
+        let big = vec![b'x'; MAX_DIFF_BYTES + 1];
+        assert_eq!(changed_ranges(&big, b"a"), None);
+        let ok = vec![b'x'; MAX_DIFF_BYTES];
+        assert_eq!(changed_ranges(&ok, b"a"), Some(vec![(1, 1)]));
+    }
+}

@@ -1,0 +1,528 @@
+//! Reading a ledger back: line iteration, chain verification, drift against the
+//! workspace, and filtered queries. Pure functions over the ledger file (and, for
+//! drift, the workspace files); they never write.
+//!
+//! Chain verification works on the raw bytes of each line: line `i`'s `prev` must be
+//! the SHA-256 of line `i-1` including its `\n` (64 zeros for line 1). A hash chain
+//! shows *where* it breaks, not always *why*; the messages say what the break is
+//! consistent with, and use the other lines' hashes to tell insertions and
+//! reorderings (the `prev` matches some other line) from edits and deletions (it
+//! matches no line).
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::{self, BufRead, BufReader};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::entry::{Entry, MutationType, GENESIS_PREV};
+use super::ranges::sha256_file;
+
+/// One raw line of a ledger file.
+#[derive(Debug)]
+pub struct RawLine {
+    /// 1-based line number.
+    pub line_no: u64,
+    /// Byte offset of the line's start.
+    pub offset: u64,
+    /// The bytes, including the `\n` when `terminated`.
+    pub bytes: Vec<u8>,
+    /// Whether the line ends with `\n` (only the last line of a torn file does not).
+    pub terminated: bool,
+}
+
+impl RawLine {
+    /// The line without its `\n`.
+    pub fn content(&self) -> &[u8] {
+        if self.terminated {
+            &self.bytes[..self.bytes.len() - 1]
+        } else {
+            &self.bytes
+        }
+    }
+
+    /// Lowercase hex SHA-256 of the line's bytes including the `\n`: the next line's `prev`.
+    pub fn hash_hex(&self) -> String {
+        hex::encode(Sha256::digest(&self.bytes))
+    }
+}
+
+/// Iterates over the raw lines of a reader.
+pub struct Lines<R> {
+    reader: R,
+    offset: u64,
+    line_no: u64,
+}
+
+impl<R: BufRead> Lines<R> {
+    /// Lines of `reader`, numbered from 1.
+    pub fn new(reader: R) -> Lines<R> {
+        Lines {
+            reader,
+            offset: 0,
+            line_no: 0,
+        }
+    }
+}
+
+impl<R: BufRead> Iterator for Lines<R> {
+    type Item = io::Result<RawLine>;
+
+    fn next(&mut self) -> Option<io::Result<RawLine>> {
+        let mut bytes = Vec::new();
+        match self.reader.read_until(b'\n', &mut bytes) {
+            Ok(0) => None,
+            Ok(n) => {
+                self.line_no += 1;
+                let line = RawLine {
+                    line_no: self.line_no,
+                    offset: self.offset,
+                    terminated: bytes.last() == Some(&b'\n'),
+                    bytes,
+                };
+                self.offset += n as u64;
+                Some(Ok(line))
+            }
+            Err(e) => Some(Err(e)),
+        }
+    }
+}
+
+/// Opens a ledger file for line iteration.
+pub fn lines(path: &Path) -> io::Result<Lines<BufReader<File>>> {
+    Ok(Lines::new(BufReader::with_capacity(
+        256 * 1024,
+        File::open(path)?,
+    )))
+}
+
+/// Parses one line's content as an entry.
+pub fn parse_line(content: &[u8]) -> Result<Entry, serde_json::Error> {
+    serde_json::from_slice(content)
+}
+
+/// Every entry that parses, in ledger order, with its 1-based line number.
+pub fn read_entries(path: &Path) -> io::Result<Vec<(u64, Entry)>> {
+    let mut out = Vec::new();
+    for line in lines(path)? {
+        let line = line?;
+        if let Ok(e) = parse_line(line.content()) {
+            out.push((line.line_no, e));
+        }
+    }
+    Ok(out)
+}
+
+/// What kind of problem a verification finding is.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FindingKind {
+    /// The line is not a ledger entry (edited into invalid JSON, or garbage).
+    Unparsable,
+    /// The line's `prev` is not the hash of the line before it.
+    ChainBroken,
+    /// The file does not end with `\n` (a torn write; repaired at the next mount).
+    TornTail,
+}
+
+/// One problem found by [`verify_chain`].
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Finding {
+    /// 1-based line number where the problem shows.
+    pub line: u64,
+    /// What kind of problem.
+    pub kind: FindingKind,
+    /// For a broken chain: the line whose hash this line's `prev` matches, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prev_matches_line: Option<u64>,
+    /// Human-readable, starting with `line N:`.
+    pub message: String,
+}
+
+/// The result of [`verify_chain`].
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// Number of lines (entries) in the file.
+    pub entries: u64,
+    /// Empty when the chain is intact.
+    pub findings: Vec<Finding>,
+}
+
+impl VerifyReport {
+    /// Whether no finding was made.
+    pub fn intact(&self) -> bool {
+        self.findings.is_empty()
+    }
+}
+
+/// First 8 bytes of a hash, for the "which line does this `prev` match" lookup
+/// (explanations only; a collision could at worst mislabel a message).
+fn short(hex_hash: &str) -> Option<u64> {
+    if hex_hash.len() != 64 {
+        return None;
+    }
+    u64::from_str_radix(&hex_hash[..16], 16).ok()
+}
+
+/// Incremental chain checker, fed line by line (by [`verify_chain`] and by the
+/// writer when it opens a ledger).
+#[derive(Default)]
+pub struct ChainChecker {
+    /// Hex hash of the last line fed (None before the first line).
+    last_hash: Option<String>,
+    /// Short hash of every line, for explaining breaks.
+    shorts: Vec<u64>,
+    /// (line, short prev) of every break, explained in [`ChainChecker::finish`];
+    /// the genesis value's short form is 0.
+    breaks: Vec<(u64, Option<u64>)>,
+    /// Findings that need no explanation.
+    findings: Vec<Finding>,
+}
+
+impl ChainChecker {
+    /// A checker expecting line 1.
+    pub fn new() -> ChainChecker {
+        ChainChecker::default()
+    }
+
+    /// Feeds the next line: `prev` is its parsed `prev` field, None when it does
+    /// not parse (`parse_error` then says why).
+    pub fn push(&mut self, line: &RawLine, prev: Option<&str>, parse_error: Option<String>) {
+        let hash = line.hash_hex();
+        let expected = self.last_hash.as_deref().unwrap_or(GENESIS_PREV);
+        if let Some(err) = parse_error {
+            self.findings.push(Finding {
+                line: line.line_no,
+                kind: FindingKind::Unparsable,
+                prev_matches_line: None,
+                message: format!("line {}: not a ledger entry ({err})", line.line_no),
+            });
+        } else if let Some(prev) = prev {
+            if prev != expected {
+                self.breaks.push((line.line_no, short(prev)));
+            }
+        }
+        if !line.terminated {
+            self.findings.push(Finding {
+                line: line.line_no,
+                kind: FindingKind::TornTail,
+                prev_matches_line: None,
+                message: format!(
+                    "line {}: the file does not end with a newline (torn write); the next mount repairs it",
+                    line.line_no
+                ),
+            });
+        }
+        self.shorts.push(short(&hash).unwrap_or(0));
+        self.last_hash = Some(hash);
+    }
+
+    /// Hex hash of the last line fed: the `prev` of the next entry.
+    pub fn last_hash(&self) -> &str {
+        self.last_hash.as_deref().unwrap_or(GENESIS_PREV)
+    }
+
+    /// The findings, in line order, with breaks explained.
+    pub fn finish(self) -> Vec<Finding> {
+        let wanted: HashSet<u64> = self.breaks.iter().filter_map(|b| b.1).collect();
+        let mut first_line: HashMap<u64, u64> = HashMap::new();
+        for (i, s) in self.shorts.iter().enumerate() {
+            if wanted.contains(s) {
+                first_line.entry(*s).or_insert(i as u64 + 1);
+            }
+        }
+        // For each broken line: Some(j) when its prev is line j's hash, Some(0) when
+        // it is the genesis value, None when it matches nothing.
+        let matches: HashMap<u64, Option<u64>> = self
+            .breaks
+            .iter()
+            .map(|&(i, s)| {
+                let j = match s {
+                    Some(0) => Some(0),
+                    Some(s) => first_line.get(&s).copied(),
+                    None => None,
+                };
+                (i, j)
+            })
+            .collect();
+        let m = |line: u64| matches.get(&line).copied().flatten();
+        let mut findings = self.findings;
+        for &(i, _) in &self.breaks {
+            let j = m(i);
+            // Lines i and i+1 exchanged: i's prev is i+1, i+1's prev is i-1 (or genesis).
+            let swapped = j == Some(i + 1) && m(i + 1) == Some(i - 1);
+            let why = match j {
+                _ if swapped => format!("its prev matches line {}: lines {i} and {} are swapped", i + 1, i + 1),
+                Some(0) => format!("its prev is the genesis value: lines 1..{} were inserted before the start of the ledger, or lines were reordered", i - 1),
+                Some(j) if j + 2 == i => format!("its prev matches line {j}: line {} was inserted or moved here", j + 1),
+                Some(j) if j + 2 < i => {
+                    format!("its prev matches line {j}: lines {}..{} were inserted or moved here", j + 1, i - 1)
+                }
+                Some(j) => format!("its prev matches line {j}, which comes later: lines were reordered"),
+                None if i == 1 => "its prev matches no line: lines were deleted from the start of the ledger, or line 1 was edited or inserted".to_owned(),
+                None => format!(
+                    "its prev matches no line: line {} was edited, or lines were deleted between lines {} and {i}",
+                    i - 1,
+                    i - 1
+                ),
+            };
+            let head = if i == 1 {
+                "line 1: chain broken: prev is not the genesis value (line edited, deleted, inserted or reordered here)".to_owned()
+            } else {
+                format!(
+                    "line {i}: chain broken: prev does not match line {} (line edited, deleted, inserted or reordered here)",
+                    i - 1
+                )
+            };
+            findings.push(Finding {
+                line: i,
+                kind: FindingKind::ChainBroken,
+                prev_matches_line: j.filter(|&j| j > 0),
+                message: format!("{head}; {why}"),
+            });
+        }
+        findings.sort_by_key(|f| (f.line, f.kind as u8));
+        findings
+    }
+}
+
+#[derive(Deserialize)]
+struct PrevOnly {
+    prev: String,
+}
+
+/// Checks the hash chain of a ledger file.
+pub fn verify_chain(path: &Path) -> io::Result<VerifyReport> {
+    let mut checker = ChainChecker::new();
+    let mut entries = 0;
+    for line in lines(path)? {
+        let line = line?;
+        entries += 1;
+        match parse_line(line.content()) {
+            Ok(e) => checker.push(&line, Some(&e.prev), None),
+            Err(err) => {
+                // Still use a readable prev, so the chain around the line stays checked.
+                let prev = serde_json::from_slice::<PrevOnly>(line.content()).ok();
+                checker.push(
+                    &line,
+                    prev.as_ref().map(|p| p.prev.as_str()),
+                    Some(err.to_string()),
+                );
+            }
+        }
+    }
+    Ok(VerifyReport {
+        entries,
+        findings: checker.finish(),
+    })
+}
+
+/// How a file differs from what the ledger last recorded.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum DriftKind {
+    /// The content on disk has another hash.
+    Modified {
+        /// Last recorded hash.
+        recorded: String,
+        /// Hash on disk now.
+        actual: String,
+    },
+    /// The file is gone.
+    Missing {
+        /// Last recorded hash.
+        recorded: String,
+    },
+}
+
+/// A file changed outside the mount since its last ledger entry.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Drift {
+    /// Workspace-relative path (lossy for display; see `path_buf` for the exact one).
+    pub path: String,
+    /// The exact path.
+    #[serde(skip)]
+    pub path_buf: PathBuf,
+    /// Line of the entry that recorded the hash.
+    pub line: u64,
+    /// The entry's id.
+    pub entry_id: String,
+    /// What differs.
+    #[serde(flatten)]
+    pub kind: DriftKind,
+}
+
+/// Outcomes that mean the mutation did not happen.
+pub fn outcome_failed(outcome: &str) -> bool {
+    matches!(
+        outcome,
+        "denied" | "rejected" | "failed" | "error" | "timeout"
+    )
+}
+
+/// Moves every key equal to `from` or under `from/` to the same place under `to`.
+pub(crate) fn rekey<V>(map: &mut HashMap<PathBuf, V>, from: &Path, to: &Path) {
+    let moved: Vec<PathBuf> = map
+        .keys()
+        .filter(|k| k.starts_with(from))
+        .cloned()
+        .collect();
+    for k in moved {
+        if let Some(v) = map.remove(&k) {
+            let rest = k.strip_prefix(from).unwrap_or(Path::new(""));
+            let nk = if rest.as_os_str().is_empty() {
+                to.to_path_buf()
+            } else {
+                to.join(rest)
+            };
+            map.insert(nk, v);
+        }
+    }
+}
+
+/// Removes every key equal to `p` or under `p/`.
+pub(crate) fn remove_tree<V>(map: &mut HashMap<PathBuf, V>, p: &Path) {
+    map.retain(|k, _| !k.starts_with(p));
+}
+
+/// The last recorded content hash of every path still present according to the
+/// ledger: (hash, line, entry id). Renames (of files and directories) carry the hash
+/// to the new name; deletions drop it; a content mutation without a hash makes the
+/// path unknown. `.git/` internals are not tracked.
+pub fn last_hashes(entries: &[(u64, Entry)]) -> HashMap<PathBuf, (String, u64, String)> {
+    let mut state: HashMap<PathBuf, (String, u64, String)> = HashMap::new();
+    for (line, e) in entries {
+        if e.mutation_type.is_governance() || outcome_failed(&e.outcome) {
+            continue;
+        }
+        let Some(path) = e.path_buf() else { continue };
+        match e.mutation_type {
+            MutationType::Delete | MutationType::Rmdir => remove_tree(&mut state, &path),
+            MutationType::Rename => {
+                if let Some(from) = e.from_buf() {
+                    remove_tree(&mut state, &path);
+                    rekey(&mut state, &from, &path);
+                }
+            }
+            _ => {}
+        }
+        match (&e.content_hash, e.mutation_type) {
+            (
+                _,
+                MutationType::Symlink
+                | MutationType::Mkdir
+                | MutationType::Rmdir
+                | MutationType::Delete,
+            ) => {}
+            (Some(h), _) => {
+                state.insert(path, (h.clone(), *line, e.id.clone()));
+            }
+            (None, MutationType::Write | MutationType::Truncate | MutationType::Mknod) => {
+                state.remove(&path);
+            }
+            (None, _) => {}
+        }
+    }
+    state.retain(|p, _| !p.as_os_str().as_bytes().starts_with(b".git/"));
+    state
+}
+
+/// Every file whose last recorded hash no longer matches the disk, sorted by path.
+pub fn verify_drift(ledger_path: &Path, workspace: &Path) -> io::Result<Vec<Drift>> {
+    let entries = read_entries(ledger_path)?;
+    let mut out = Vec::new();
+    for (path, (recorded, line, entry_id)) in last_hashes(&entries) {
+        let full = workspace.join(&path);
+        let kind = match std::fs::symlink_metadata(&full) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Some(DriftKind::Missing { recorded }),
+            Err(e) => return Err(e),
+            Ok(m) if !m.is_file() => Some(DriftKind::Modified {
+                recorded,
+                actual: "not a regular file".into(),
+            }),
+            Ok(_) => {
+                let (actual, _) = sha256_file(&full)?;
+                (actual != recorded).then_some(DriftKind::Modified { recorded, actual })
+            }
+        };
+        if let Some(kind) = kind {
+            out.push(Drift {
+                path: path.to_string_lossy().into_owned(),
+                path_buf: path,
+                line,
+                entry_id,
+                kind,
+            });
+        }
+    }
+    out.sort_by(|a, b| a.path_buf.cmp(&b.path_buf));
+    Ok(out)
+}
+
+/// Which entries a query returns; every set field must match.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    /// Exact intent id.
+    pub intent: Option<String>,
+    /// Agent name or identity, exact.
+    pub agent: Option<String>,
+    /// Glob over `path` (or `from`).
+    pub path: Option<globset::GlobMatcher>,
+    /// At or after.
+    pub since: Option<DateTime<Utc>>,
+    /// At or before.
+    pub until: Option<DateTime<Utc>>,
+    /// Mutation type.
+    pub mutation_type: Option<MutationType>,
+}
+
+impl Filter {
+    /// Whether an entry passes the filter.
+    pub fn matches(&self, e: &Entry) -> bool {
+        if let Some(i) = &self.intent {
+            if e.intent_id.as_deref() != Some(i.as_str()) {
+                return false;
+            }
+        }
+        if let Some(a) = &self.agent {
+            match &e.agent {
+                Some(ag) if &ag.name == a || &ag.identity == a => {}
+                _ => return false,
+            }
+        }
+        if let Some(t) = self.mutation_type {
+            if e.mutation_type != t {
+                return false;
+            }
+        }
+        if let Some(g) = &self.path {
+            let hit = |p: Option<PathBuf>| p.is_some_and(|p| g.is_match(&p));
+            if !hit(e.path_buf()) && !hit(e.from_buf()) {
+                return false;
+            }
+        }
+        if self.since.is_some() || self.until.is_some() {
+            let Ok(t) = DateTime::parse_from_rfc3339(&e.timestamp) else {
+                return false;
+            };
+            let t = t.with_timezone(&Utc);
+            if self.since.is_some_and(|s| t < s) || self.until.is_some_and(|u| t > u) {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// The entries of a ledger that pass `filter`, in ledger order.
+pub fn query(ledger_path: &Path, filter: &Filter) -> io::Result<Vec<Entry>> {
+    Ok(read_entries(ledger_path)?
+        .into_iter()
+        .map(|(_, e)| e)
+        .filter(|e| filter.matches(e))
+        .collect())
+}

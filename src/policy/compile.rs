@@ -1,0 +1,436 @@
+//! Globs: how a pattern written in the policy becomes a compiled matcher that answers
+//! "does this workspace-relative path match, and which rule decided?".
+//!
+//! Semantics (the reference is `policies/README.md`):
+//!
+//! - Patterns are anchored at the workspace root exactly as written and use `/`.
+//!   `*.md` matches `README.md` but not `docs/x.md`; write `**/*.md` for any depth.
+//! - `*` (and `?`, `[...]`) never cross `/`; `**` does (globset `literal_separator`).
+//!   `{a,b}` alternation works.
+//! - A pattern ending in `/` means that directory and everything below it: `dir/` is
+//!   compiled as both `dir` and `dir/**`. Note that `dir/**` alone matches what is inside
+//!   `dir` but not `dir` itself.
+//! - A leading `./` is dropped. A leading `/`, a `..` component, or an empty / `.`
+//!   component in the middle is an error: such a pattern is either outside the workspace
+//!   or can never match a normalized relative path.
+//! - The empty path (the workspace root) matches only the pattern `**` (globset alone
+//!   would also let `**/*` match it).
+//!
+//! Matching works on the path's bytes, so non-UTF-8 names match like any other.
+//! This file knows nothing of YAML or intents; callers pass the rule text to report.
+
+use std::borrow::Cow;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use globset::{Candidate, GlobBuilder, GlobSet, GlobSetBuilder};
+
+use super::error::quote;
+
+/// The sensitive defaults. Each matches the file name at any depth (compiled as
+/// `**/PATTERN`), case-insensitively.
+pub const SENSITIVE_DEFAULTS: &[&str] = &[
+    ".env",
+    ".env.*",
+    "*.pem",
+    "*.key",
+    "id_rsa*",
+    "id_ed25519*",
+    "*secret*",
+    "*credential*",
+];
+
+/// What is wrong with a pattern, worded for [`super::PolicyError`].
+#[derive(Debug)]
+pub(crate) struct GlobProblem {
+    pub message: String,
+    pub hint: String,
+}
+
+/// Turns a pattern as written into the glob strings to compile (one, or two for a
+/// trailing `/`). `key` names the list it came from, for messages.
+pub(crate) fn expand(pattern: &str, key: &str) -> Result<Vec<String>, GlobProblem> {
+    let problem = |message: String, hint: &str| GlobProblem {
+        message,
+        hint: hint.to_string(),
+    };
+    if pattern.starts_with('/') {
+        return Err(problem(
+            format!("{key} glob {} starts with \"/\"", quote(pattern)),
+            "scope globs are relative to the workspace root; drop the leading /",
+        ));
+    }
+    let mut body = pattern;
+    while let Some(rest) = body.strip_prefix("./") {
+        body = rest;
+    }
+    let is_dir = body.ends_with('/');
+    let body = body.strip_suffix('/').unwrap_or(body);
+    if body.trim().is_empty() {
+        return Err(problem(
+            format!("empty {key} glob {}", quote(pattern)),
+            "write the path the glob should match, relative to the workspace root; \
+             \"**\" matches the whole workspace",
+        ));
+    }
+    for component in body.split('/') {
+        if component == ".." {
+            return Err(problem(
+                format!("{key} glob {} contains a \"..\" component", quote(pattern)),
+                "globs cannot reach outside the workspace or climb back up; \
+                 write the path from the workspace root, e.g. \"src/auth/**\"",
+            ));
+        }
+        if component.is_empty() || component == "." {
+            return Err(problem(
+                format!(
+                    "{key} glob {} contains an empty or \".\" component",
+                    quote(pattern)
+                ),
+                "paths are matched in normal form; remove the \"//\" or \"/./\"",
+            ));
+        }
+    }
+    let mut globs = vec![body.to_string()];
+    if is_dir {
+        globs.push(format!("{body}/**"));
+    }
+    Ok(globs)
+}
+
+/// A set of rules, each compiled from one or more globs, that reports the first rule
+/// (in declaration order) matching a path.
+#[derive(Clone, Debug)]
+pub(crate) struct RuleSet {
+    /// All globs of all rules.
+    set: GlobSet,
+    /// For each glob of `set`, the index of its rule in `rules`.
+    rule_of_glob: Vec<usize>,
+    /// Rule texts as reported to callers, e.g. `owned_scope "src/**" of INT-001`.
+    rules: Vec<String>,
+    /// The first rule with a glob that is exactly `**`: the only kind that matches the
+    /// workspace root (the empty path).
+    root_rule: Option<usize>,
+}
+
+impl RuleSet {
+    /// A set that matches nothing.
+    pub(crate) fn empty() -> RuleSet {
+        RuleSet {
+            set: GlobSet::empty(),
+            rule_of_glob: Vec::new(),
+            rules: Vec::new(),
+            root_rule: None,
+        }
+    }
+
+    /// The rule text of the first rule matching `rel`, if any.
+    pub(crate) fn matched(&self, rel: &Path) -> Option<&str> {
+        let rel = normalize_rel(rel);
+        if rel.as_os_str().is_empty() {
+            return self.root_rule.map(|r| self.rules[r].as_str());
+        }
+        let candidate = Candidate::new(rel.as_ref());
+        // Fast path: most checks do not match (or match once); only collect the indices
+        // when we know there is something to report.
+        if !self.set.is_match_candidate(&candidate) {
+            return None;
+        }
+        let first = self.set.matches_candidate(&candidate).into_iter().min()?;
+        Some(self.rules[self.rule_of_glob[first]].as_str())
+    }
+}
+
+/// Drops what a caller might accidentally leave in front of a workspace-relative path
+/// (`/`, `./`), so that a sensitive or ignored path is never missed because of it.
+fn normalize_rel(rel: &Path) -> Cow<'_, Path> {
+    let mut bytes = rel.as_os_str().as_bytes();
+    loop {
+        if let Some(rest) = bytes.strip_prefix(b"/") {
+            bytes = rest;
+        } else if let Some(rest) = bytes.strip_prefix(b"./") {
+            bytes = rest;
+        } else {
+            break;
+        }
+    }
+    if bytes == b"." {
+        bytes = b"";
+    }
+    if bytes.len() == rel.as_os_str().len() {
+        Cow::Borrowed(rel)
+    } else {
+        Cow::Borrowed(Path::new(std::ffi::OsStr::from_bytes(bytes)))
+    }
+}
+
+/// Builds a [`RuleSet`] rule by rule.
+pub(crate) struct RuleSetBuilder {
+    builder: GlobSetBuilder,
+    rule_of_glob: Vec<usize>,
+    rules: Vec<String>,
+    root_rule: Option<usize>,
+}
+
+impl RuleSetBuilder {
+    pub(crate) fn new() -> RuleSetBuilder {
+        RuleSetBuilder {
+            builder: GlobSetBuilder::new(),
+            rule_of_glob: Vec::new(),
+            rules: Vec::new(),
+            root_rule: None,
+        }
+    }
+
+    /// Adds one rule made of `globs` (already [`expand`]ed), reported as `rule`.
+    /// `pattern` is the pattern as written, for messages.
+    pub(crate) fn add(
+        &mut self,
+        pattern: &str,
+        globs: &[String],
+        rule: String,
+        case_insensitive: bool,
+    ) -> Result<(), GlobProblem> {
+        let index = self.rules.len();
+        for glob in globs {
+            let compiled = GlobBuilder::new(glob)
+                .literal_separator(true)
+                .case_insensitive(case_insensitive)
+                .build()
+                .map_err(|e| GlobProblem {
+                    message: format!("invalid glob {}: {}", quote(pattern), e.kind()),
+                    hint: "`*` matches within one path component, `**` across components, \
+                           `{a,b}` either, `[abc]` one of; write `[*]` for a literal `*`"
+                        .to_string(),
+                })?;
+            self.builder.add(compiled);
+            self.rule_of_glob.push(index);
+            if glob == "**" && self.root_rule.is_none() {
+                self.root_rule = Some(index);
+            }
+        }
+        self.rules.push(rule);
+        Ok(())
+    }
+
+    pub(crate) fn build(self) -> Result<RuleSet, GlobProblem> {
+        let set = self.builder.build().map_err(|e| GlobProblem {
+            message: format!("cannot compile the globs: {e}"),
+            hint: "simplify the patterns (fewer or shorter alternatives)".to_string(),
+        })?;
+        Ok(RuleSet {
+            set,
+            rule_of_glob: self.rule_of_glob,
+            rules: self.rules,
+            root_rule: self.root_rule,
+        })
+    }
+}
+
+/// Adds the sensitive defaults to `builder`.
+pub(crate) fn add_sensitive_defaults(builder: &mut RuleSetBuilder) {
+    for pattern in SENSITIVE_DEFAULTS {
+        let glob = format!("**/{pattern}");
+        let rule = format!("sensitive default {}", quote(pattern));
+        // The defaults are constants covered by tests; a failure here is a bug in them,
+        // and skipping one rule is safer than panicking inside a running mount.
+        if let Err(e) = builder.add(pattern, &[glob], rule, true) {
+            tracing::error!(
+                "built-in sensitive pattern {pattern:?} does not compile: {}",
+                e.message
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    fn set(patterns: &[&str]) -> RuleSet {
+        let mut b = RuleSetBuilder::new();
+        for p in patterns {
+            let globs = expand(p, "owned_scope").expect("valid pattern");
+            b.add(p, &globs, format!("rule {p}"), false)
+                .expect("compiles");
+        }
+        b.build().expect("builds")
+    }
+
+    fn bytes(b: &[u8]) -> &Path {
+        Path::new(OsStr::from_bytes(b))
+    }
+
+    #[test]
+    fn glob_rules_table() {
+        // (pattern, path, expected match)
+        let table: &[(&str, &[u8], bool)] = &[
+            // `*` does not cross `/`
+            ("src/*.ts", b"src/a.ts", true),
+            ("src/*.ts", b"src/sub/a.ts", false),
+            ("src/*", b"src/a", true),
+            ("src/*", b"src/a/b", false),
+            ("src/?.ts", b"src/a.ts", true),
+            ("src/?.ts", b"src//.ts", false),
+            // `**` does
+            ("src/**", b"src/a/b/c.ts", true),
+            ("src/**", b"src/a", true),
+            ("src/**", b"src", false),
+            ("src/**", b"srcx/a", false),
+            ("src/**/*.rs", b"src/x.rs", true),
+            ("src/**/*.rs", b"src/a/b/x.rs", true),
+            ("src/**/*.rs", b"src/a/b/x.ts", false),
+            ("**/*.md", b"docs/x.md", true),
+            ("**/*.md", b"README.md", true),
+            // trailing `/`: the directory and everything below
+            ("docs/", b"docs", true),
+            ("docs/", b"docs/a/b.md", true),
+            ("docs/", b"docsx", false),
+            ("docs/", b"doc", false),
+            // `{a,b}`
+            ("src/{auth,jwt}/**", b"src/jwt/x.ts", true),
+            ("src/{auth,jwt}/**", b"src/auth/x.ts", true),
+            ("src/{auth,jwt}/**", b"src/other/x.ts", false),
+            ("src/*.{ts,tsx}", b"src/a.tsx", true),
+            // anchored at the root exactly as written
+            ("*.md", b"README.md", true),
+            ("*.md", b"docs/x.md", false),
+            ("README.md", b"README.md", true),
+            ("README.md", b"docs/README.md", false),
+            ("README.md", b"README.mdx", false),
+            // leading ./ is dropped
+            ("./src/**", b"src/a", true),
+            ("././Makefile", b"Makefile", true),
+            // case-sensitive as written
+            ("src/**", b"SRC/a", false),
+            // non-UTF-8 names
+            ("src/auth/**", b"src/auth/\xff\xfe.ts", true),
+            ("src/*.ts", b"src/\xff.ts", true),
+            ("src/*.ts", b"other/\xff.ts", false),
+            // the root itself: only `**`
+            ("**", b"", true),
+            ("**/*", b"", false),
+            ("src/**", b"", false),
+            ("**", b"a/b/c", true),
+        ];
+        for (pattern, path, expected) in table {
+            let got = set(&[pattern]).matched(bytes(path)).is_some();
+            assert_eq!(
+                got,
+                *expected,
+                "pattern {pattern:?} path {:?}",
+                String::from_utf8_lossy(path)
+            );
+        }
+    }
+
+    #[test]
+    fn first_declared_rule_is_reported() {
+        let s = set(&["src/**", "src/auth/**", "**"]);
+        assert_eq!(s.matched(Path::new("src/auth/x")), Some("rule src/**"));
+        assert_eq!(s.matched(Path::new("lib/x")), Some("rule **"));
+        assert_eq!(s.matched(Path::new("")), Some("rule **"));
+        let s = set(&["docs/", "docs/**"]);
+        assert_eq!(s.matched(Path::new("docs")), Some("rule docs/"));
+    }
+
+    #[test]
+    fn caller_prefixes_are_tolerated() {
+        let s = set(&["src/**"]);
+        assert_eq!(s.matched(Path::new("/src/a")), Some("rule src/**"));
+        assert_eq!(s.matched(Path::new("./src/a")), Some("rule src/**"));
+        assert_eq!(s.matched(Path::new(".")), None);
+    }
+
+    #[test]
+    fn bad_patterns_are_rejected_with_hints() {
+        let table: &[(&str, &str, &str)] = &[
+            ("/src/**", "starts with \"/\"", "drop the leading /"),
+            (
+                "../other/**",
+                "contains a \"..\" component",
+                "outside the workspace",
+            ),
+            (
+                "src/../../etc",
+                "contains a \"..\" component",
+                "outside the workspace",
+            ),
+            ("src//x", "empty or \".\" component", "\"//\""),
+            ("src/./x", "empty or \".\" component", "\"/./\""),
+            ("", "empty owned_scope glob", "\"**\""),
+            ("./", "empty owned_scope glob", "\"**\""),
+        ];
+        for (pattern, message, hint) in table {
+            let e = expand(pattern, "owned_scope").expect_err(pattern);
+            assert!(e.message.contains(message), "{pattern:?}: {}", e.message);
+            assert!(
+                e.message.contains(&quote(pattern)),
+                "{pattern:?}: {}",
+                e.message
+            );
+            assert!(e.hint.contains(hint), "{pattern:?}: {}", e.hint);
+        }
+        let mut b = RuleSetBuilder::new();
+        let e = b
+            .add("src/[", &["src/[".to_string()], String::new(), false)
+            .expect_err("bad");
+        assert_eq!(
+            e.message,
+            "invalid glob \"src/[\": unclosed character class; missing ']'"
+        );
+        let e = b
+            .add("{a,b", &["{a,b".to_string()], String::new(), false)
+            .expect_err("bad");
+        assert!(
+            e.message
+                .starts_with("invalid glob \"{a,b\": unclosed alternate group"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn sensitive_defaults_match_file_names_at_any_depth_case_insensitively() {
+        let mut b = RuleSetBuilder::new();
+        add_sensitive_defaults(&mut b);
+        let s = b.build().expect("defaults compile");
+        assert_eq!(
+            s.rules.len(),
+            SENSITIVE_DEFAULTS.len(),
+            "every default compiled"
+        );
+        let table: &[(&[u8], Option<&str>)] = &[
+            (b".env", Some("sensitive default \".env\"")),
+            (b"config/.env", Some("sensitive default \".env\"")),
+            (b"a/b/.env.production", Some("sensitive default \".env.*\"")),
+            (b"deploy/server.key", Some("sensitive default \"*.key\"")),
+            (b"certs/ca.PEM", Some("sensitive default \"*.pem\"")),
+            (
+                b"home/.ssh/id_rsa.pub",
+                Some("sensitive default \"id_rsa*\""),
+            ),
+            (b"id_ed25519", Some("sensitive default \"id_ed25519*\"")),
+            (b"SECRET.txt", Some("sensitive default \"*secret*\"")),
+            (
+                b"x/my_Credentials.json",
+                Some("sensitive default \"*credential*\""),
+            ),
+            (b"src/\xffsecret", Some("sensitive default \"*secret*\"")),
+            (b"src/main.rs", None),
+            (b".envrc", None),
+            (b"keys/readme.md", None),
+            (b"secrets/plain.txt", None), // file name only; a directory needs an extra glob
+            (b"", None),
+        ];
+        for (path, expected) in table {
+            assert_eq!(
+                s.matched(bytes(path)),
+                *expected,
+                "path {:?}",
+                String::from_utf8_lossy(path)
+            );
+        }
+    }
+}
