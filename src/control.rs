@@ -9,6 +9,7 @@
 //! | `last_error` | JSON of the caller's most recent denial | — |
 //! | `status` | mount, identities, counters (JSON) | — |
 //! | `session` | the caller's identity | a name: registers the caller's session (used by `intentfs run`) |
+//! | `lesson` | — | JSON of a failed verification: appended to `CLAUDE.md` on close (`intentfs run --verify`) |
 //!
 //! Contents are rendered when the file is opened, so one open sees one consistent snapshot.
 
@@ -32,15 +33,17 @@ pub enum CtlFile {
     LastError,
     Status,
     Session,
+    Lesson,
 }
 
-pub const FILES: [CtlFile; 6] = [
+pub const FILES: [CtlFile; 7] = [
     CtlFile::Intent,
     CtlFile::Context,
     CtlFile::Intents,
     CtlFile::LastError,
     CtlFile::Status,
     CtlFile::Session,
+    CtlFile::Lesson,
 ];
 
 impl CtlFile {
@@ -52,6 +55,7 @@ impl CtlFile {
             CtlFile::LastError => "last_error",
             CtlFile::Status => "status",
             CtlFile::Session => "session",
+            CtlFile::Lesson => "lesson",
         }
     }
     pub fn ino(self) -> u64 {
@@ -66,7 +70,7 @@ impl CtlFile {
         FILES.iter().copied().find(|f| OsStr::new(f.name()) == name)
     }
     pub fn writable(self) -> bool {
-        matches!(self, CtlFile::Intent | CtlFile::Session)
+        matches!(self, CtlFile::Intent | CtlFile::Session | CtlFile::Lesson)
     }
 }
 
@@ -145,6 +149,7 @@ pub fn render(
             None => b"{}\n".to_vec(),
         },
         CtlFile::Session => format!("{}\t{}\n", ident.key(), ident.name).into_bytes(),
+        CtlFile::Lesson => Vec::new(),
         CtlFile::Status => {
             let i = info();
             let idents: Vec<_> = ids
@@ -157,6 +162,9 @@ pub fn render(
                         "intent": id.intent(),
                         "mutations": id.mutations.load(std::sync::atomic::Ordering::Relaxed),
                         "denials": id.denials.load(std::sync::atomic::Ordering::Relaxed),
+                        "stale_refusals": id.stale_refusals.load(std::sync::atomic::Ordering::Relaxed),
+                        "files_seen": id.seen_count(),
+                        "require_read": id.require_read,
                     })
                 })
                 .collect();
@@ -213,10 +221,16 @@ pub fn apply_write(
             if text.is_empty() {
                 return Ok(());
             }
-            ids.register(pid, text)
+            // `NAME` or `NAME require-read`.
+            let mut words = text.split_whitespace();
+            let name = words.next().unwrap_or("agent");
+            let require_read = words.any(|w| w == "require-read");
+            ids.register(pid, name, require_read)
                 .map(drop)
                 .map_err(|e| WriteError::NotPermitted(e.into()))
         }
+        // Applied as a whole when the writer closes it (see `Fs::flush`).
+        CtlFile::Lesson => Ok(()),
         _ => Err(WriteError::NotPermitted("read-only control file".into())),
     }
 }

@@ -294,7 +294,7 @@ impl Filesystem for FuseFs {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -303,7 +303,7 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(fh.0, offset, size) {
+        match self.fs.read(&caller(req), fh.0, offset, size) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(e)),
         }
@@ -329,13 +329,13 @@ impl Filesystem for FuseFs {
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        empty(reply, self.fs.flush(fh.0));
+        empty(reply, self.fs.flush(&caller(req), fh.0));
     }
 
     fn release(

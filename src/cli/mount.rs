@@ -65,6 +65,9 @@ pub struct MountArgs {
     /// What happens to a request that needs a human (a sensitive read).
     #[arg(long, value_enum, default_value = "deny")]
     pub approver: ApproverArg,
+    /// Refuse overwriting or deleting an existing file that the identity never read.
+    #[arg(long)]
+    pub require_read: bool,
     /// Stay attached to the terminal instead of daemonizing; Ctrl-C unmounts.
     #[arg(long, short = 'f')]
     pub foreground: bool,
@@ -345,6 +348,13 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
     if let Some(r) = &report.repaired_torn_tail {
         tracing::warn!("ledger: repaired a torn last line: {r}");
     }
+    for f in &report.chain_findings {
+        tracing::warn!(
+            "ledger chain: line {}: {} (run `intentfs ledger verify`)",
+            f.line,
+            f.message
+        );
+    }
     let guard = Arc::new(Guard::new(
         Rules {
             policy: plan.policy,
@@ -360,6 +370,7 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
     let ids = Arc::new(Identities::new(
         plan.args.agent.clone(),
         plan.args.intent.clone(),
+        plan.args.require_read,
     ));
     let cfg = FsConfig {
         workspace: plan.workspace.clone(),
@@ -418,6 +429,16 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
                 let _ = super::umount::unmount(&mp, true);
             }
         })?;
+    // `.orchestration/intent_map.md`, regenerated as the ledger grows (at most once a second).
+    let map_out = plan.workspace.join(crate::ledger::DEFAULT_INTENT_MAP);
+    let intent_map = crate::ledger::map::IntentMapWriter::new(
+        &plan.ledger_path,
+        Some(&plan.workspace),
+        &map_out,
+    )
+    .spawn(Duration::from_secs(1))
+    .map_err(|e| tracing::warn!("intent map: {e}"))
+    .ok();
     let stop = Arc::new(AtomicBool::new(false));
     spawn_policy_watcher(
         guard,
@@ -435,6 +456,7 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
         ..Default::default()
     });
     ledger.shutdown();
+    drop(intent_map);
     let _ = std::fs::remove_file(rt.join("pid"));
     tracing::info!("unmounted {}", plan.mountpoint.display());
     result.map_err(|e| anyhow!("serving: {e}"))

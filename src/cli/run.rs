@@ -19,9 +19,17 @@ pub struct RunArgs {
     /// The intentfs mount [default: the mount containing the current directory].
     #[arg(long, value_name = "MOUNTPOINT")]
     pub mount: Option<PathBuf>,
-    /// The intent to select for this identity.
-    #[arg(long, value_name = "ID")]
-    pub intent: String,
+    /// The intent to select for this identity (optional with --verify: the command then
+    /// runs as the mount's default identity).
+    #[arg(long, value_name = "ID", required_unless_present = "verify")]
+    pub intent: Option<String>,
+    /// Refuse overwriting or deleting an existing file this identity never read.
+    #[arg(long)]
+    pub require_read: bool,
+    /// CMD is a verification (tests, a build): when it fails, a lesson with the tail of its
+    /// output is appended to CLAUDE.md at the workspace root for the next agent session.
+    #[arg(long)]
+    pub verify: bool,
     /// Name recorded as the contributor.
     #[arg(long, value_name = "NAME", default_value = "agent")]
     pub agent: String,
@@ -70,13 +78,14 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     // Check the intent before starting anything, for a clear error.
     let intents = std::fs::read_to_string(ctl.join("intents"))
         .with_context(|| format!("reading {}", ctl.join("intents").display()))?;
-    if !intents
-        .lines()
-        .any(|l| l.split('\t').next() == Some(a.intent.as_str()))
+    if let Some(intent) = a
+        .intent
+        .as_deref()
+        .filter(|i| !intents.lines().any(|l| l.split('\t').next() == Some(*i)))
     {
         bail!(
             "intent {:?} is not selectable on {}\nhint: selectable intents:\n{}",
-            a.intent,
+            intent,
             mp.display(),
             intents
                 .lines()
@@ -87,19 +96,25 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let session_path = CString::new(ctl.join("session").as_os_str().as_encoded_bytes())?;
     let intent_path = CString::new(ctl.join("intent").as_os_str().as_encoded_bytes())?;
-    let name = format!("{}\n", a.agent).into_bytes();
-    let intent = format!("{}\n", a.intent).into_bytes();
+    let name = format!(
+        "{}{}\n",
+        a.agent,
+        if a.require_read { " require-read" } else { "" }
+    )
+    .into_bytes();
+    let intent = a.intent.as_ref().map(|i| format!("{i}\n").into_bytes());
     let mut cmd = std::process::Command::new(&a.cmd[0]);
     cmd.args(&a.cmd[1..]);
     // SAFETY: the closure runs in the child between fork and exec and only makes
     // async-signal-safe syscalls (setsid, open, write, close) on pre-built buffers.
     unsafe {
         cmd.pre_exec(move || {
+            let Some(intent) = &intent else { return Ok(()) };
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             raw_write(&session_path, &name)?;
-            raw_write(&intent_path, &intent)?;
+            raw_write(&intent_path, intent)?;
             Ok(())
         });
     }
@@ -113,9 +128,21 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
         libc::sigaddset(&mut set, libc::SIGHUP);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
+    if a.verify {
+        cmd.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+    }
     let mut child = cmd
         .spawn()
         .with_context(|| format!("starting {:?}", a.cmd[0]))?;
+    let captured = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    let mut pumps = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        pumps.push(pump(out, std::io::stdout(), captured.clone()));
+    }
+    if let Some(err) = child.stderr.take() {
+        pumps.push(pump(err, std::io::stderr(), captured.clone()));
+    }
     // The child is in its own session, so terminal signals reach only us: forward them.
     let pid = child.id() as i32;
     std::thread::spawn(move || {
@@ -135,9 +162,53 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
         }
     });
     let status = child.wait()?;
+    for p in pumps {
+        let _ = p.join();
+    }
+    if a.verify && !status.success() {
+        let output =
+            String::from_utf8_lossy(&captured.lock().map(|b| b.clone()).unwrap_or_default())
+                .into_owned();
+        let lesson = serde_json::json!({
+            "command": a.cmd.join(" "),
+            "status": status.code().unwrap_or(128 + status.signal().unwrap_or(0)),
+            "output": output,
+            "intent": a.intent,
+        });
+        match std::fs::write(ctl.join("lesson"), lesson.to_string()) {
+            Ok(()) => eprintln!("intentfs: verification failed; lesson recorded in CLAUDE.md"),
+            Err(e) => eprintln!("intentfs: verification failed; could not record the lesson: {e}"),
+        }
+    }
     Ok(match (status.code(), status.signal()) {
         (Some(c), _) => ExitCode::from(c as u8),
         (None, Some(s)) => ExitCode::from(128u8.wrapping_add(s as u8)),
         _ => ExitCode::FAILURE,
+    })
+}
+
+/// Copy a child's output stream to ours while keeping its last 64 KiB.
+fn pump(
+    mut from: impl std::io::Read + Send + 'static,
+    mut to: impl std::io::Write + Send + 'static,
+    keep: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 8192];
+        loop {
+            let n = match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let _ = to.write_all(&buf[..n]);
+            let _ = to.flush();
+            if let Ok(mut k) = keep.lock() {
+                k.extend_from_slice(&buf[..n]);
+                if k.len() > 64 * 1024 {
+                    let cut = k.len() - 64 * 1024;
+                    k.drain(..cut);
+                }
+            }
+        }
     })
 }

@@ -9,8 +9,11 @@
 //! writes out of scope.
 
 pub mod error;
+pub mod hash;
 pub mod inode;
+mod lesson;
 pub mod ops;
+mod stale;
 pub mod sys;
 
 use std::collections::HashMap;
@@ -65,6 +68,15 @@ pub struct FileHandle {
     pub dirty: AtomicBool,
     /// This handle created the file.
     pub created: AtomicBool,
+    /// The file's stamp after this handle's last own write (or its open): a different
+    /// stamp at the next write means someone else wrote in between.
+    pub expected: Mutex<Option<crate::guard::stale::Stamp>>,
+    /// The first read was recorded as "seen" for the identity.
+    pub read_recorded: AtomicBool,
+    /// Content before this handle's writes (text files up to 1 MiB), for line ranges.
+    pub pre_image: Mutex<Option<Vec<u8>>>,
+    /// Hash of the content before this handle's writes, when known.
+    pub prev_hash: Mutex<Option<String>>,
 }
 
 /// An open control file: its rendered content, and what was written to it.
@@ -110,6 +122,10 @@ pub struct Fs {
     pub ledger: Option<Ledger>,
     pub counters: Counters,
     pub cfg: FsConfig,
+    /// Content hashes by stamp, shared by stale checks, read records and the ledger.
+    pub hashes: hash::HashCache,
+    /// Who wrote each open-for-write inode last, and its stamp after that write.
+    pub(crate) last_writer: Mutex<HashMap<(u64, u64), (String, crate::guard::stale::Stamp)>>,
     /// The workspace's real path as last seen, to turn `/proc/self/fd` links into
     /// workspace-relative paths.
     root_path: Mutex<PathBuf>,
@@ -136,6 +152,8 @@ impl Fs {
             ledger,
             counters: Counters::default(),
             cfg,
+            hashes: hash::HashCache::default(),
+            last_writer: Mutex::new(HashMap::new()),
             root_path: Mutex::new(root_path),
             started: chrono::Utc::now().timestamp(),
         })

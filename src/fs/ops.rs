@@ -131,6 +131,9 @@ impl Fs {
         };
         let (ident, rel) = self.authorize_node(caller, op, &node)?;
         let fd = self.fd(&node)?;
+        if a.size.is_some() {
+            self.check_stale(&ident, caller, "truncate", &rel, fd.as_fd())?;
+        }
         let before = sys::stat_fd(fd.as_fd())?;
         if let Some(mode) = a.mode {
             if node.is_symlink() {
@@ -178,6 +181,9 @@ impl Fs {
             }
         }
         let after = sys::stat_fd(fd.as_fd())?;
+        if node.is_reg() {
+            self.note_own_change(&ident, &after);
+        }
         let mt = match op {
             "truncate" => MutationType::Truncate,
             "chmod" => MutationType::Chmod,
@@ -422,7 +428,11 @@ impl Fs {
         } else {
             None
         };
+        if !is_dir {
+            self.check_stale_at(&ident, caller, "unlink", &rel, pfd.as_fd(), name)?;
+        }
         sys::unlink_at(pfd.as_fd(), name, is_dir)?;
+        ident.forget_path(&rel);
         if let Some(n) = self.table.by_backing(st.st_dev, st.st_ino) {
             self.table.remove_alias(&n, parent, name);
         }
@@ -560,7 +570,20 @@ impl Fs {
                 }
             }
         }
+        // Stale checks: renaming a file away, and renaming over one (what `sed -i` and
+        // editors do), both destroy a version the identity may not have seen.
+        if !src_dir {
+            self.check_stale_at(&ident, caller, "rename", &from, pfd.as_fd(), name)?;
+        }
+        if dst.is_some() {
+            self.check_stale_at(&ident, caller, "rename", &to, npfd.as_fd(), newname)?;
+        }
         sys::rename_at(pfd.as_fd(), name, npfd.as_fd(), newname, flags)?;
+        if exchange {
+            ident.swap_paths(&from, &to);
+        } else {
+            ident.move_path(&from, &to);
+        }
         if let Some(n) = self.table.by_backing(src.st_dev, src.st_ino) {
             self.table.move_alias(&n, parent, name, newparent, newname);
         }
@@ -608,8 +631,13 @@ impl Fs {
         }
         let acc = flags & libc::O_ACCMODE;
         let writable = acc != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        let mut write_rel = None;
         let ident = if writable {
-            self.authorize_node(caller, "open-write", &node)?.0
+            let (ident, rel) = self.authorize_node(caller, "open-write", &node)?;
+            let fd = self.fd(&node)?;
+            self.check_stale(&ident, caller, "open-write", &rel, fd.as_fd())?;
+            write_rel = Some(rel);
+            ident
         } else {
             let ident = self.ids.resolve(caller.pid);
             let rel = self.display_rel(&node);
@@ -628,7 +656,14 @@ impl Fs {
             writable: acc != libc::O_RDONLY,
             dirty: AtomicBool::new(flags & libc::O_TRUNC != 0),
             created: AtomicBool::new(false),
+            expected: Mutex::new(None),
+            read_recorded: AtomicBool::new(false),
+            pre_image: Mutex::new(None),
+            prev_hash: Mutex::new(None),
         };
+        if let Some(rel) = &write_rel {
+            self.prepare_write_handle(&h, rel);
+        }
         let fh = self.add_handle(Handle::File(Arc::new(h)));
         Ok((
             fh,
@@ -714,7 +749,12 @@ impl Fs {
             writable: flags & libc::O_ACCMODE != libc::O_RDONLY,
             dirty: AtomicBool::new(true),
             created: AtomicBool::new(true),
+            expected: Mutex::new(None),
+            read_recorded: AtomicBool::new(false),
+            pre_image: Mutex::new(None),
+            prev_hash: Mutex::new(None),
         };
+        self.prepare_write_handle(&h, &rel);
         let fh = self.add_handle(Handle::File(Arc::new(h)));
         Ok((
             Entry {
@@ -726,7 +766,7 @@ impl Fs {
         ))
     }
 
-    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+    pub fn read(&self, caller: &Caller, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         if let Some(c) = self.ctl_handle(fh) {
             let c = c.lock();
             let start = (offset as usize).min(c.content.len());
@@ -745,6 +785,7 @@ impl Fs {
             }
         }
         buf.truncate(done);
+        self.record_read(&h, caller.pid);
         Ok(buf)
     }
 
@@ -753,8 +794,10 @@ impl Fs {
             return self.write_ctl(caller, &c, offset, data);
         }
         let h = self.file_handle(fh)?;
+        self.check_write_race(&h)?;
         h.file.write_all_at(data, offset)?;
         h.dirty.store(true, Ordering::Release);
+        self.after_write(&h);
         Ok(data.len())
     }
 
@@ -767,7 +810,7 @@ impl Fs {
     ) -> Result<usize> {
         let mut c = c.lock();
         let off = offset as usize;
-        if off > 4096 || data.len() > 4096 {
+        if off + data.len() > 64 * 1024 {
             return err(libc::EFBIG);
         }
         if c.written.len() < off + data.len() {
@@ -795,53 +838,14 @@ impl Fs {
         }
     }
 
-    /// Ledger a handle's writes if it wrote since its last entry.
-    fn record_write(&self, h: &FileHandle) {
-        if !h.dirty.swap(false, Ordering::AcqRel) {
-            return;
-        }
-        let rel = self
-            .node_rels(&h.node)
-            .ok()
-            .and_then(|v| v.into_iter().next())
-            .unwrap_or_else(|| self.display_rel(&h.node));
-        let (hash, size) = match self.hash_node(&h.node) {
-            Ok(v) => (Some(v.0), Some(v.1)),
-            Err(_) => (None, None),
-        };
-        let draft = Draft {
-            content_hash: hash,
-            size,
-            created: h.created.swap(false, Ordering::AcqRel),
-            ..Default::default()
-        };
-        self.record(&h.identity, &h.caller, MutationType::Write, &rel, draft);
-    }
-
-    /// SHA-256 and size of a regular file's bytes on disk now.
-    fn hash_node(&self, node: &Arc<Node>) -> Result<(String, u64)> {
-        use sha2::{Digest, Sha256};
-        use std::io::Read;
-        let fd = self.fd(node)?;
-        let mut f = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY)?;
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; 128 * 1024];
-        let mut total = 0u64;
-        loop {
-            let n = match f.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e.into()),
-            };
-            hasher.update(&buf[..n]);
-            total += n as u64;
-        }
-        Ok((format!("sha256:{}", hex::encode(hasher.finalize())), total))
-    }
-
-    pub fn flush(&self, fh: u64) -> Result<()> {
-        if self.ctl_handle(fh).is_some() {
+    pub fn flush(&self, caller: &Caller, fh: u64) -> Result<()> {
+        if let Some(c) = self.ctl_handle(fh) {
+            let mut c = c.lock();
+            if c.file == CtlFile::Lesson && !c.written.is_empty() {
+                let text = std::mem::take(&mut c.written);
+                let ident = self.ids.resolve(caller.pid);
+                return self.append_lesson(&ident, &text);
+            }
             return Ok(());
         }
         let h = self.file_handle(fh)?;
@@ -870,8 +874,10 @@ impl Fs {
         if !h.writable {
             return err(libc::EBADF);
         }
+        self.check_write_race(&h)?;
         sys::fallocate(&h.file, mode, offset, len)?;
         h.dirty.store(true, Ordering::Release);
+        self.after_write(&h);
         Ok(())
     }
 
@@ -889,8 +895,10 @@ impl Fs {
         if !ho.writable {
             return err(libc::EBADF);
         }
+        self.check_write_race(&ho)?;
         let n = sys::copy_file_range(&hi.file, off_in, &ho.file, off_out, len, flags)?;
         ho.dirty.store(true, Ordering::Release);
+        self.after_write(&ho);
         Ok(n)
     }
 

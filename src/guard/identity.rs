@@ -4,12 +4,14 @@
 //! not visible (0, another pid namespace) falls back to the default identity.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use super::Denial;
+use super::stale::Seen;
+use super::{Code, Denial};
 
 /// One acting identity and its governance state.
 pub struct Identity {
@@ -25,10 +27,21 @@ pub struct Identity {
     pub denials: AtomicU64,
     /// Completed mutations so far.
     pub mutations: AtomicU64,
+    /// Stale-file refusals so far.
+    pub stale_refusals: AtomicU64,
+    /// `--require-read`: overwriting or deleting a file this identity never read is refused.
+    pub require_read: bool,
+    /// What this identity last saw of each file, by workspace-relative path.
+    pub seen: Mutex<HashMap<PathBuf, SeenBy>>,
 }
 
 impl Identity {
-    fn new(name: String, session: Option<i32>, intent: Option<String>) -> Identity {
+    fn new(
+        name: String,
+        session: Option<i32>,
+        intent: Option<String>,
+        require_read: bool,
+    ) -> Identity {
         Identity {
             name,
             session,
@@ -36,6 +49,65 @@ impl Identity {
             last_error: Mutex::new(None),
             denials: AtomicU64::new(0),
             mutations: AtomicU64::new(0),
+            stale_refusals: AtomicU64::new(0),
+            require_read,
+            seen: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// What this identity last saw of `rel`, as the view a mutation by process `pid` is
+    /// based on: the newest record made by *another* process of the identity when there is
+    /// one (a tool like `sed -i` re-reads the file itself right before replacing it; the
+    /// agent's view is what it read before running the tool), else the newest record.
+    pub fn seen_for(&self, rel: &Path, pid: u32) -> Option<(u32, Seen)> {
+        let m = self.seen.lock();
+        let by = m.get(rel)?;
+        by.recs
+            .iter()
+            .flatten()
+            .find(|(p, _)| *p != pid)
+            .or(by.recs[0].as_ref())
+            .copied()
+    }
+
+    /// Number of files this identity has seen.
+    pub fn seen_count(&self) -> usize {
+        self.seen.lock().len()
+    }
+
+    /// Record what process `pid` of this identity saw (a read, or its own completed write).
+    pub fn saw(&self, rel: &Path, pid: u32, s: Seen) {
+        let mut m = self.seen.lock();
+        let by = m.entry(rel.to_path_buf()).or_default();
+        let keep_older = by.recs[0]
+            .filter(|(p, _)| *p != pid)
+            .or(by.recs[1].filter(|(p, _)| *p != pid));
+        by.recs = [Some((pid, s)), keep_older];
+    }
+
+    /// A path went away or moved (this identity's own delete or rename).
+    pub fn forget_path(&self, rel: &Path) {
+        self.seen.lock().remove(rel);
+    }
+
+    pub fn move_path(&self, from: &Path, to: &Path) {
+        let mut m = self.seen.lock();
+        m.remove(to);
+        if let Some(s) = m.remove(from) {
+            m.insert(to.to_path_buf(), s);
+        }
+    }
+
+    /// Exchange what was seen under two paths (RENAME_EXCHANGE).
+    pub fn swap_paths(&self, a: &Path, b: &Path) {
+        let mut m = self.seen.lock();
+        let sa = m.remove(a);
+        let sb = m.remove(b);
+        if let Some(s) = sa {
+            m.insert(b.to_path_buf(), s);
+        }
+        if let Some(s) = sb {
+            m.insert(a.to_path_buf(), s);
         }
     }
 
@@ -54,8 +126,18 @@ impl Identity {
     /// Remember a refusal.
     pub fn deny(&self, d: &Denial) {
         self.denials.fetch_add(1, Ordering::Relaxed);
+        if d.code == Code::StaleFile {
+            self.stale_refusals.fetch_add(1, Ordering::Relaxed);
+        }
         *self.last_error.lock() = Some(d.clone());
     }
+}
+
+/// The newest two records of what an identity saw of one file, from distinct processes,
+/// newest first.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SeenBy {
+    pub recs: [Option<(u32, Seen)>; 2],
 }
 
 /// All identities of one mount.
@@ -88,9 +170,18 @@ pub fn proc_name(pid: u32) -> String {
 }
 
 impl Identities {
-    pub fn new(default_name: String, default_intent: Option<String>) -> Identities {
+    pub fn new(
+        default_name: String,
+        default_intent: Option<String>,
+        require_read: bool,
+    ) -> Identities {
         Identities {
-            default: Arc::new(Identity::new(default_name, None, default_intent)),
+            default: Arc::new(Identity::new(
+                default_name,
+                None,
+                default_intent,
+                require_read,
+            )),
             sessions: RwLock::new(HashMap::new()),
         }
     }
@@ -118,13 +209,23 @@ impl Identities {
     /// Register the caller's session as a new identity. Only a session leader may do so
     /// (`intentfs run` calls `setsid` first), so a process cannot split its own session's
     /// identity from its siblings'.
-    pub fn register(&self, pid: u32, name: &str) -> Result<Arc<Identity>, &'static str> {
+    pub fn register(
+        &self,
+        pid: u32,
+        name: &str,
+        require_read: bool,
+    ) -> Result<Arc<Identity>, &'static str> {
         let (sid, _) =
             proc_session(pid).ok_or("the caller's process is not visible to the daemon")?;
         if sid as u32 != pid {
             return Err("only a session leader may register a session (intentfs run does this)");
         }
-        let id = Arc::new(Identity::new(name.to_string(), Some(sid), None));
+        let id = Arc::new(Identity::new(
+            name.to_string(),
+            Some(sid),
+            None,
+            require_read,
+        ));
         self.sessions.write().insert(sid, id.clone());
         Ok(id)
     }

@@ -5,6 +5,7 @@
 //! filesystem core asks, and turns a [`Denial`] into `EACCES` plus `last_error`.
 
 pub mod identity;
+pub mod stale;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,300 @@
+//! Context-rot protection in the core: what each identity saw, and the stale checks at
+//! open-for-write, truncate, unlink and rename, plus the check that holds across a whole
+//! write (another writer between this handle's writes is refused).
+//!
+//! How the check holds across the whole write: every write handle remembers the file's stamp
+//! after its own last write (or its open). At each `write`, a different stamp means the
+//! file changed in between; unless the latest change is this same identity's own write
+//! (through another of its handles), the write is refused with `STALE_FILE`, so content
+//! another agent or a human wrote while this handle was open is never silently overwritten.
+
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::hash::{self, stamp_of};
+use super::{sys, Caller, FileHandle, Fs, FsError, Result};
+use crate::guard::stale::{judge, Seen, Stamp, Verdict};
+use crate::guard::{Code, Denial, Identity};
+use crate::ledger::{changed_ranges, Draft, MutationType};
+
+/// Files larger than this get no pre-image and no line ranges.
+const RANGE_LIMIT: u64 = 1024 * 1024;
+
+/// The stamp compared between writes: identity and content-changing fields only.
+fn race_stamp(st: &sys::Stat) -> Stamp {
+    Stamp {
+        dev: st.st_dev,
+        ino: st.st_ino,
+        size: st.st_size as u64,
+        mtime: (st.st_mtime, st.st_mtime_nsec),
+        ctime: (0, 0),
+    }
+}
+
+/// `.git/` internals are neither ledgered nor tracked as seen, file by file.
+pub(crate) fn untracked(rel: &Path) -> bool {
+    rel.starts_with(".git")
+}
+
+impl Fs {
+    fn stale_denial(
+        &self,
+        ident: &Arc<Identity>,
+        caller: &Caller,
+        op: &str,
+        rel: &Path,
+        unread: bool,
+        detail: &str,
+    ) -> FsError {
+        let (message, remedy) = if unread {
+            (
+                format!(
+                    "{} exists and this agent never read it; read it first (--require-read)",
+                    rel.display()
+                ),
+                format!(
+                    "Read {} in full, then redo the change based on its current content.",
+                    rel.display()
+                ),
+            )
+        } else {
+            (
+                format!("{} changed since this agent last read it ({detail})", rel.display()),
+                format!(
+                    "Re-read {} now: another agent, a human or a tool changed it. Then redo your change on top of \
+                     the current content instead of overwriting it.",
+                    rel.display()
+                ),
+            )
+        };
+        let d = Denial::new(
+            Code::StaleFile,
+            op,
+            rel,
+            ident.intent().as_deref(),
+            message,
+            remedy,
+        );
+        self.deny(ident, caller, d)
+    }
+
+    /// Refuse a mutation of the existing regular file behind `fd` (an `O_PATH` handle) if it
+    /// changed since `ident` last saw it.
+    pub(crate) fn check_stale(
+        &self,
+        ident: &Arc<Identity>,
+        caller: &Caller,
+        op: &str,
+        rel: &Path,
+        fd: BorrowedFd<'_>,
+    ) -> Result<()> {
+        if untracked(rel) {
+            return Ok(());
+        }
+        let st = sys::stat_fd(fd)?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Ok(());
+        }
+        let seen = ident.seen_for(rel, caller.pid);
+        let now = stamp_of(&st);
+        let v = judge(
+            seen.as_ref().map(|(_, s)| s),
+            now,
+            ident.require_read,
+            || {
+                let f = sys::reopen(self.proc_fd.as_fd(), fd, libc::O_RDONLY).ok()?;
+                self.hashes.hash(&f).ok().map(|(h, _)| h)
+            },
+        );
+        match v {
+            Verdict::Fresh(Some(s)) => {
+                ident.saw(rel, seen.map(|(p, _)| p).unwrap_or(caller.pid), s);
+                Ok(())
+            }
+            Verdict::Fresh(None) => Ok(()),
+            Verdict::Unread => Err(self.stale_denial(ident, caller, op, rel, true, "")),
+            Verdict::Stale { seen, now } => Err(self.stale_denial(
+                ident,
+                caller,
+                op,
+                rel,
+                false,
+                &format!(
+                    "seen {}, now {}",
+                    &hash::to_string(&seen)[..19],
+                    &hash::to_string(&now)[..19]
+                ),
+            )),
+        }
+    }
+
+    /// The stale check for `parent_fd/name` if it exists (unlink, rename).
+    pub(crate) fn check_stale_at(
+        &self,
+        ident: &Arc<Identity>,
+        caller: &Caller,
+        op: &str,
+        rel: &Path,
+        parent_fd: BorrowedFd<'_>,
+        name: &std::ffi::OsStr,
+    ) -> Result<()> {
+        match sys::open_path(parent_fd, name) {
+            Ok(fd) => self.check_stale(ident, caller, op, rel, fd.as_fd()),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// The first read through a handle records what the identity saw.
+    pub(crate) fn record_read(&self, h: &FileHandle, pid: u32) {
+        if h.read_recorded.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let rel = self.display_rel(&h.node);
+        if untracked(&rel) {
+            return;
+        }
+        if let Ok((hash, stamp)) = self.hashes.hash(&h.file) {
+            h.identity.saw(&rel, pid, Seen { stamp, hash });
+        }
+    }
+
+    /// Before a write through `h`: refuse if someone else changed the file since this
+    /// handle's last own write. Content changes move size or mtime; ctime alone (the
+    /// writer's own chmod/chown, as `sed -i` does on its temp file) does not count.
+    pub(crate) fn check_write_race(&self, h: &FileHandle) -> Result<()> {
+        let cur = race_stamp(&sys::stat_fd(h.file.as_fd())?);
+        let expected = *h.expected.lock();
+        if expected == Some(cur) {
+            return Ok(());
+        }
+        let key = h.identity.key();
+        let ours = self
+            .last_writer
+            .lock()
+            .get(&(cur.dev, cur.ino))
+            .map(|(k, s)| *k == key && *s == cur)
+            .unwrap_or(false);
+        if ours || expected.is_none() {
+            return Ok(());
+        }
+        let rel = self.display_rel(&h.node);
+        Err(self.stale_denial(
+            &h.identity,
+            &h.caller,
+            "write",
+            &rel,
+            false,
+            "written by someone else while this agent had it open",
+        ))
+    }
+
+    /// After a write through `h`: remember the stamp it left.
+    pub(crate) fn after_write(&self, h: &FileHandle) {
+        if let Ok(st) = sys::stat_fd(h.file.as_fd()) {
+            *h.expected.lock() = Some(race_stamp(&st));
+            self.note_own_change(&h.identity, &st);
+        }
+    }
+
+    /// The identity changed this file's content itself (a write, a truncate, utimes): its
+    /// other open write handles must not take that for someone else's change.
+    pub(crate) fn note_own_change(&self, ident: &Identity, st: &sys::Stat) {
+        let s = race_stamp(st);
+        let mut lw = self.last_writer.lock();
+        if lw.len() > 100_000 {
+            lw.clear();
+        }
+        lw.insert((s.dev, s.ino), (ident.key(), s));
+    }
+
+    /// At open-for-write: remember the content before (for line ranges and the ledger's
+    /// `prev_content_hash`) and the stamp to compare later writes against.
+    pub(crate) fn prepare_write_handle(&self, h: &FileHandle, rel: &Path) {
+        if let Ok(st) = sys::stat_fd(h.file.as_fd()) {
+            *h.expected.lock() = Some(race_stamp(&st));
+            if untracked(rel) || h.created.load(Ordering::Relaxed) {
+                return;
+            }
+            if let Some(hh) = self.hashes.cached(&stamp_of(&st)) {
+                *h.prev_hash.lock() = Some(hash::to_string(&hh));
+            }
+            if let Ok(fd) = self.fd(&h.node) {
+                if let Ok(f) = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY) {
+                    if let Some(bytes) = hash::read_small(&f, RANGE_LIMIT) {
+                        if h.prev_hash.lock().is_none() {
+                            *h.prev_hash.lock() = Some(crate::ledger::sha256_bytes(&bytes));
+                        }
+                        *h.pre_image.lock() = Some(bytes);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ledger a handle's writes if it wrote since its last entry, and record the result as
+    /// seen by its identity (its own writes never make it stale).
+    pub(crate) fn record_write(&self, h: &FileHandle) {
+        if !h.dirty.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let rel = self
+            .node_rels(&h.node)
+            .ok()
+            .and_then(|v| v.into_iter().next())
+            .unwrap_or_else(|| self.display_rel(&h.node));
+        let mut draft = Draft {
+            created: h.created.swap(false, Ordering::AcqRel),
+            ..Default::default()
+        };
+        let reopened = self
+            .fd(&h.node)
+            .ok()
+            .and_then(|fd| sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY).ok());
+        if let Some(f) = reopened {
+            let small = if untracked(&rel) {
+                None
+            } else {
+                hash::read_small(&f, RANGE_LIMIT)
+            };
+            let result = match small {
+                Some(bytes) => {
+                    let before = sys::stat_fd(f.as_fd()).ok().map(|s| stamp_of(&s));
+                    let h32: [u8; 32] = {
+                        use sha2::{Digest, Sha256};
+                        Sha256::digest(&bytes).into()
+                    };
+                    let pre = h
+                        .pre_image
+                        .lock()
+                        .take()
+                        .or_else(|| draft.created.then(Vec::new));
+                    if let Some(pre) = pre {
+                        draft.ranges = changed_ranges(&pre, &bytes);
+                    }
+                    // Next version's pre-image, for a handle that writes again.
+                    *h.pre_image.lock() = Some(bytes.clone());
+                    match before {
+                        Some(s) if s.size == bytes.len() as u64 => {
+                            self.hashes.insert(s, h32);
+                            Some((h32, s))
+                        }
+                        _ => self.hashes.hash(&f).ok(),
+                    }
+                }
+                None => self.hashes.hash(&f).ok(),
+            };
+            if let Some((h32, stamp)) = result {
+                draft.content_hash = Some(hash::to_string(&h32));
+                draft.size = Some(stamp.size);
+                if !untracked(&rel) {
+                    h.identity
+                        .saw(&rel, h.caller.pid, Seen { stamp, hash: h32 });
+                }
+                draft.prev_content_hash = h.prev_hash.lock().replace(hash::to_string(&h32));
+            }
+        }
+        self.record(&h.identity, &h.caller, MutationType::Write, &rel, draft);
+    }
+}

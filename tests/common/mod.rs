@@ -1,0 +1,550 @@
+//! Test harness: mount a temp workspace through the real `intentfs` binary, act on it as an
+//! agent would, unmount on drop.
+//!
+//! Every test gets its own temp directory (`ws/`, `mnt/`, the daemon's stderr), so tests can
+//! run in parallel (cargo-nextest runs one process per test).
+
+#![allow(dead_code)]
+
+use std::cell::Cell;
+use std::ffi::OsString;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The binary under test (built by cargo for the integration tests).
+pub const BIN: &str = env!("CARGO_BIN_EXE_intentfs");
+/// Intent `ALL`, scope `**`.
+pub const ALLOW_ALL: &str = include_str!("../../policies/allow-all.yaml");
+/// INT-001 `src/auth/**`, `src/middleware/jwt.ts`, `tests/auth/**`; INT-002 `docs/`,
+/// `README.md`; INT-003 PAUSED.
+pub const EXAMPLE: &str = include_str!("../../policies/example.yaml");
+
+/// Workspace-relative location of the default policy file.
+pub const POLICY_REL: &str = ".orchestration/active_intents.yaml";
+/// Workspace-relative location of the default ledger file.
+pub const LEDGER_REL: &str = ".orchestration/agent_trace.jsonl";
+
+/// A command for the binary under test.
+pub fn intentfs() -> Command {
+    let mut c = Command::new(BIN);
+    c.env("LC_ALL", "C").env_remove("DBUS_SESSION_BUS_ADDRESS");
+    c
+}
+
+/// Is `path` a mountpoint right now (per /proc/mounts)?
+pub fn is_mounted(path: &Path) -> bool {
+    let p = path.to_string_lossy().replace(' ', "\\040");
+    std::fs::read_to_string("/proc/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(p.as_str()))
+}
+
+/// Poll `f` every 10 ms until it is true or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        if f() {
+            return true;
+        }
+        if start.elapsed() > timeout {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The errno of a failed result (panics on success, with `what`).
+pub fn errno_of<T: std::fmt::Debug>(res: io::Result<T>, what: &str) -> i32 {
+    match res {
+        Ok(v) => panic!("{what}: expected an error, got Ok({v:?})"),
+        Err(e) => e
+            .raw_os_error()
+            .unwrap_or_else(|| panic!("{what}: error without errno: {e}")),
+    }
+}
+
+/// Run a `sh -c` script in `dir`, with the C locale.
+pub fn sh_in(dir: &Path, script: &str) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .env("LC_ALL", "C")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("HOME", dir)
+        .env("GIT_AUTHOR_NAME", "tester")
+        .env("GIT_AUTHOR_EMAIL", "tester@example.com")
+        .env("GIT_COMMITTER_NAME", "tester")
+        .env("GIT_COMMITTER_EMAIL", "tester@example.com")
+        .stdin(Stdio::null())
+        .output()
+        .expect("running sh")
+}
+
+/// Panic with the script's output unless it succeeded; return its stdout.
+pub fn ok(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Panic unless the script failed with "Permission denied" on stderr.
+pub fn failed_eacces(out: &Output, what: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("Permission denied"),
+        "{what}: expected a failure with 'Permission denied', got {}:\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        err
+    );
+}
+
+/// Set up a workspace before mounting.
+type Setup = Box<dyn FnOnce(&Path)>;
+
+/// Builds a [`TestMount`].
+pub struct Builder {
+    policy: Option<String>,
+    intent: Option<String>,
+    agent: String,
+    args: Vec<OsString>,
+    files: Vec<(String, Vec<u8>)>,
+    setup: Vec<Setup>,
+    daemonize: bool,
+}
+
+impl Builder {
+    /// The policy YAML, written to `ws/.orchestration/active_intents.yaml`.
+    pub fn policy(mut self, yaml: &str) -> Self {
+        self.policy = Some(yaml.to_string());
+        self
+    }
+    /// `--intent ID`.
+    pub fn intent(mut self, id: &str) -> Self {
+        self.intent = Some(id.to_string());
+        self
+    }
+    /// `--agent NAME`.
+    pub fn agent(mut self, name: &str) -> Self {
+        self.agent = name.to_string();
+        self
+    }
+    /// Any extra argument to `intentfs mount`.
+    pub fn arg(mut self, a: impl Into<OsString>) -> Self {
+        self.args.push(a.into());
+        self
+    }
+    /// Files to create in the workspace (parents created).
+    pub fn files(mut self, files: &[(&str, &str)]) -> Self {
+        for (p, c) in files {
+            self.files.push((p.to_string(), c.as_bytes().to_vec()));
+        }
+        self
+    }
+    /// Arbitrary workspace preparation, run after the files are written.
+    pub fn setup(mut self, f: impl FnOnce(&Path) + 'static) -> Self {
+        self.setup.push(Box::new(f));
+        self
+    }
+    /// Use the daemonizing `intentfs mount` (no `--foreground`).
+    pub fn daemonize(mut self) -> Self {
+        self.daemonize = true;
+        self
+    }
+
+    pub fn mount(self) -> TestMount {
+        let dir = tempfile::Builder::new()
+            .prefix("intentfs-test-")
+            .tempdir()
+            .expect("tempdir");
+        let root = dir.path().canonicalize().unwrap();
+        let ws = root.join("ws");
+        let mnt = root.join("mnt");
+        std::fs::create_dir_all(ws.join(".orchestration")).unwrap();
+        std::fs::create_dir_all(&mnt).unwrap();
+        if let Some(p) = &self.policy {
+            std::fs::write(ws.join(POLICY_REL), p).unwrap();
+        }
+        for (p, c) in &self.files {
+            let path = ws.join(p);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, c).unwrap();
+        }
+        for f in self.setup {
+            f(&ws);
+        }
+        let mut args = vec![OsString::from("mount")];
+        if let Some(i) = &self.intent {
+            args.push("--intent".into());
+            args.push(i.into());
+        }
+        args.push("--agent".into());
+        args.push(self.agent.clone().into());
+        args.extend(self.args.iter().cloned());
+        let mut tm = TestMount {
+            ws,
+            mnt,
+            root,
+            args,
+            daemonize: self.daemonize,
+            child: None,
+            seen_denials: Cell::new(0),
+            _dir: dir,
+        };
+        tm.start();
+        tm
+    }
+}
+
+/// A live intentfs mount of a temp workspace.
+pub struct TestMount {
+    /// The backing workspace.
+    pub ws: PathBuf,
+    /// The mountpoint.
+    pub mnt: PathBuf,
+    /// The temp directory holding both (and the daemon's stderr).
+    pub root: PathBuf,
+    args: Vec<OsString>,
+    daemonize: bool,
+    child: Option<Child>,
+    seen_denials: Cell<u64>,
+    _dir: tempfile::TempDir,
+}
+
+impl TestMount {
+    pub fn builder() -> Builder {
+        Builder {
+            policy: None,
+            intent: None,
+            agent: "tester".into(),
+            args: Vec::new(),
+            files: Vec::new(),
+            setup: Vec::new(),
+            daemonize: false,
+        }
+    }
+
+    /// Where the daemon's stderr goes (foreground mode), or its log (daemon mode).
+    pub fn stderr_path(&self) -> PathBuf {
+        self.root.join("daemon.stderr")
+    }
+
+    fn stderr_text(&self) -> String {
+        std::fs::read_to_string(self.stderr_path()).unwrap_or_default()
+    }
+
+    /// Mount (again) with the arguments given to the builder.
+    pub fn start(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.stderr_path())
+            .unwrap();
+        let mut cmd = intentfs();
+        cmd.args(&self.args);
+        if self.daemonize {
+            cmd.arg("--log").arg(self.stderr_path());
+            cmd.arg(&self.ws).arg(&self.mnt);
+            let out = cmd
+                .stdin(Stdio::null())
+                .output()
+                .expect("running intentfs mount");
+            assert!(
+                out.status.success(),
+                "intentfs mount failed ({}): {}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr),
+                self.stderr_text()
+            );
+            // A daemonized mount must serve as soon as the command returned.
+            assert!(
+                std::fs::read(self.mnt.join(".intentfs/status")).is_ok(),
+                "the daemonized mount did not serve right after `intentfs mount` returned"
+            );
+            return;
+        }
+        cmd.arg("--foreground").arg(&self.ws).arg(&self.mnt);
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawning intentfs mount --foreground");
+        let status = self.mnt.join(".intentfs/status");
+        let start = Instant::now();
+        loop {
+            if std::fs::read(&status).is_ok() {
+                break;
+            }
+            if let Ok(Some(st)) = child.try_wait() {
+                panic!(
+                    "intentfs mount --foreground exited ({st}) before the mount was ready:\n{}",
+                    self.stderr_text()
+                );
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+                panic!(
+                    "the mount was not ready after 10 s:\n{}",
+                    self.stderr_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.child = Some(child);
+    }
+
+    /// Unmount and wait for the daemon to exit (it writes the UNMOUNT ledger entry last).
+    pub fn stop(&mut self) {
+        if is_mounted(&self.mnt) {
+            let ok = intentfs()
+                .arg("umount")
+                .arg(&self.mnt)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if !ok {
+                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+            }
+        }
+        if let Some(mut c) = self.child.take() {
+            let start = Instant::now();
+            loop {
+                match c.try_wait() {
+                    Ok(Some(_)) => break,
+                    Ok(None) if start.elapsed() < Duration::from_secs(10) => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    _ => {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Unmount and mount again with the same arguments.
+    pub fn remount(&mut self) {
+        self.stop();
+        self.start();
+    }
+
+    /// The pid of the `--foreground` daemon.
+    pub fn daemon_pid(&self) -> u32 {
+        self.child.as_ref().expect("a --foreground mount").id()
+    }
+
+    /// Take the foreground child (the caller then owns its lifetime).
+    pub fn take_child(&mut self) -> Child {
+        self.child.take().expect("a --foreground mount")
+    }
+
+    /// A path in the mount.
+    pub fn m(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    /// A path in the workspace.
+    pub fn w(&self, rel: &str) -> PathBuf {
+        self.ws.join(rel)
+    }
+
+    /// The bytes of a workspace file (read directly, not through the mount).
+    pub fn ws_bytes(&self, rel: &str) -> Vec<u8> {
+        std::fs::read(self.w(rel)).unwrap_or_else(|e| panic!("reading ws/{rel}: {e}"))
+    }
+
+    /// Run `sh -c script` with the mount as the working directory.
+    pub fn sh(&self, script: &str) -> Output {
+        sh_in(&self.mnt, script)
+    }
+
+    /// Run a script that must succeed; return its stdout.
+    pub fn sh_ok(&self, script: &str) -> String {
+        ok(self.sh(script), script)
+    }
+
+    /// A control file of the mount, read through the mount.
+    pub fn ctl(&self, name: &str) -> String {
+        std::fs::read_to_string(self.mnt.join(".intentfs").join(name))
+            .unwrap_or_else(|e| panic!("reading .intentfs/{name}: {e}"))
+    }
+
+    /// `.intentfs/last_error` as JSON.
+    pub fn last_error(&self) -> serde_json::Value {
+        let t = self.ctl("last_error");
+        serde_json::from_str(&t).unwrap_or_else(|e| panic!("last_error is not JSON ({e}): {t}"))
+    }
+
+    /// `.intentfs/status` as JSON.
+    pub fn status(&self) -> serde_json::Value {
+        let t = self.ctl("status");
+        serde_json::from_str(&t).unwrap_or_else(|e| panic!("status is not JSON ({e}): {t}"))
+    }
+
+    /// Denials of the default identity so far (from `status`).
+    pub fn denials(&self) -> u64 {
+        self.status()["identities"][0]["denials"]
+            .as_u64()
+            .expect("status.identities[0].denials")
+    }
+
+    /// Every line of the ledger, parsed.
+    pub fn ledger(&self) -> Vec<serde_json::Value> {
+        read_ledger(&self.w(LEDGER_REL))
+    }
+
+    /// Ledger entries that are not MOUNT/UNMOUNT/DENIAL (completed mutations).
+    pub fn mutations(&self) -> Vec<serde_json::Value> {
+        self.ledger()
+            .into_iter()
+            .filter(|e| {
+                !matches!(
+                    e["mutation_type"].as_str(),
+                    Some("MOUNT" | "UNMOUNT" | "DENIAL")
+                )
+            })
+            .collect()
+    }
+
+    /// Wait until a ledger entry satisfies `f` (denials are ledgered asynchronously).
+    pub fn wait_ledger(
+        &self,
+        what: &str,
+        f: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let mut found = None;
+        wait_until(Duration::from_secs(5), || {
+            found = self.ledger().into_iter().find(|e| f(e));
+            found.is_some()
+        });
+        found.unwrap_or_else(|| panic!("no ledger entry {what}; ledger: {:#?}", self.ledger()))
+    }
+
+    /// Check that `res` failed with EACCES and that a *new* denial with `code` was recorded
+    /// in `last_error`. Returns `last_error`.
+    pub fn assert_denied<T: std::fmt::Debug>(
+        &self,
+        res: io::Result<T>,
+        code: &str,
+    ) -> serde_json::Value {
+        let e = errno_of(res, code);
+        assert_eq!(
+            e,
+            libc::EACCES,
+            "expected EACCES ({code}), got {}",
+            io::Error::from_raw_os_error(e)
+        );
+        self.assert_new_denial(code)
+    }
+
+    /// A new denial since the last check, with this code. Returns `last_error`.
+    pub fn assert_new_denial(&self, code: &str) -> serde_json::Value {
+        let n = self.denials();
+        assert!(
+            n > self.seen_denials.get(),
+            "expected a new {code} denial, but the denial count did not grow ({n})"
+        );
+        self.seen_denials.set(n);
+        let le = self.last_error();
+        assert_eq!(le["code"], code, "last_error: {le:#}");
+        for k in ["path", "message", "remedy", "op"] {
+            assert!(le.get(k).is_some(), "last_error lacks {k}: {le:#}");
+        }
+        assert!(
+            !le["remedy"].as_str().unwrap_or("").is_empty(),
+            "empty remedy: {le:#}"
+        );
+        le
+    }
+
+    /// Like [`assert_denied`] for a shell script: it must fail with "Permission denied".
+    pub fn assert_sh_denied(&self, script: &str, code: &str) -> serde_json::Value {
+        let out = self.sh(script);
+        failed_eacces(&out, script);
+        self.assert_new_denial(code)
+    }
+
+    /// The inode number of a path (not following symlinks).
+    pub fn ino(p: &Path) -> u64 {
+        std::fs::symlink_metadata(p)
+            .unwrap_or_else(|e| panic!("stat {}: {e}", p.display()))
+            .ino()
+    }
+}
+
+impl Drop for TestMount {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Parse every line of a JSONL ledger (empty when missing).
+pub fn read_ledger(path: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("ledger line {l:?}: {e}")))
+        .collect()
+}
+
+/// Write a file creating its parents.
+pub fn put(path: &Path, content: impl AsRef<[u8]>) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, content).unwrap();
+}
+
+/// The `(relative path, kind, contents or link target)` of every entry below `root`,
+/// sorted, skipping `skip` names at the top level.
+pub fn tree(root: &Path, skip: &[&str]) -> Vec<(String, String, Vec<u8>, u32)> {
+    fn walk(root: &Path, dir: &Path, skip: &[&str], out: &mut Vec<(String, String, Vec<u8>, u32)>) {
+        let mut names: Vec<_> = std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display()))
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        for n in names {
+            let p = dir.join(&n);
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            if dir == root && skip.iter().any(|s| *s == n) {
+                continue;
+            }
+            let md = std::fs::symlink_metadata(&p).unwrap();
+            let mode = md.mode() & 0o7777;
+            let ft = md.file_type();
+            if ft.is_symlink() {
+                let t = std::fs::read_link(&p).unwrap();
+                out.push((
+                    rel,
+                    "link".into(),
+                    t.into_os_string().into_encoded_bytes(),
+                    0,
+                ));
+            } else if ft.is_dir() {
+                out.push((rel, "dir".into(), Vec::new(), mode));
+                walk(root, &p, skip, out);
+            } else {
+                out.push((rel, "file".into(), std::fs::read(&p).unwrap(), mode));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, root, skip, &mut out);
+    out
+}
