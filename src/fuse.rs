@@ -124,6 +124,55 @@ fn timespec(t: Option<TimeOrNow>) -> crate::fs::sys::TimeSpec {
     })
 }
 
+
+/// A reply that can carry an error (every reply type the governed operations use).
+trait ErrReply: Send + 'static {
+    fn fail(self, e: Errno);
+}
+
+macro_rules! err_reply {
+    ($($t:ty),*) => { $(impl ErrReply for $t { fn fail(self, e: Errno) { self.error(e) } })* };
+}
+err_reply!(ReplyEntry, ReplyEmpty, ReplyAttr, ReplyOpen, ReplyCreate);
+
+/// Run a governed operation. When it needs a human, the reply is parked (no worker thread
+/// waits) and the operation re-runs once the decision grants it; a later question in the
+/// same operation (the second name of a rename) is asked the same way.
+fn governed<T, R, Op, Ok>(fs: Arc<Fs>, reply: R, op: Op, ok: Ok)
+where
+    R: ErrReply,
+    Op: Fn(&Fs) -> Result<T, FsError> + Send + 'static,
+    Ok: FnOnce(R, T) + Send + 'static,
+{
+    drive(fs, reply, op, ok, 0)
+}
+
+fn drive<T, R, Op, Ok>(fs: Arc<Fs>, reply: R, op: Op, ok: Ok, depth: u32)
+where
+    R: ErrReply,
+    Op: Fn(&Fs) -> Result<T, FsError> + Send + 'static,
+    Ok: FnOnce(R, T) + Send + 'static,
+{
+    match op(&fs) {
+        Ok(v) => ok(reply, v),
+        Err(FsError::Ask(spec)) if depth < 4 => {
+            let fs2 = fs.clone();
+            fs.park(
+                *spec,
+                Box::new(move |res| match res {
+                    None => drive(fs2, reply, op, ok, depth + 1),
+                    Some(e) => reply.fail(errno(e)),
+                }),
+            );
+        }
+        Err(e) => reply.fail(errno(e)),
+    }
+}
+
+fn reply_entry(reply: ReplyEntry, e: Entry) {
+    reply.entry(&TTL, &attr(e.nodeid, &e.st), Generation(0));
+}
+
 impl Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // O_TRUNC arrives with open instead of a separate setattr, so the truncation is
@@ -181,10 +230,13 @@ impl Filesystem for FuseFs {
             atime: timespec(atime),
             mtime: timespec(mtime),
         };
-        match self.fs.setattr(&caller(req), ino.0, a, fh.map(|f| f.0)) {
-            Ok(st) => reply.attr(&TTL, &attr(ino.0, &st)),
-            Err(e) => reply.error(errno(e)),
-        }
+        let (c, fh, ino) = (caller(req), fh.map(|f| f.0), ino.0);
+        governed(
+            self.fs.clone(),
+            reply,
+            move |fs| fs.setattr(&c, ino, a.clone(), fh),
+            move |r, st| r.attr(&TTL, &attr(ino, &st)),
+        );
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -204,11 +256,8 @@ impl Filesystem for FuseFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        entry(
-            reply,
-            self.fs
-                .mknod(&caller(req), parent.0, name, mode, umask, rdev),
-        );
+        let (c, name) = (caller(req), name.to_os_string());
+        governed(self.fs.clone(), reply, move |fs| fs.mknod(&c, parent.0, &name, mode, umask, rdev), reply_entry);
     }
 
     fn mkdir(
@@ -220,18 +269,18 @@ impl Filesystem for FuseFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        entry(
-            reply,
-            self.fs.mkdir(&caller(req), parent.0, name, mode, umask),
-        );
+        let (c, name) = (caller(req), name.to_os_string());
+        governed(self.fs.clone(), reply, move |fs| fs.mkdir(&c, parent.0, &name, mode, umask), reply_entry);
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.fs.unlink(&caller(req), parent.0, name, false));
+        let (c, name) = (caller(req), name.to_os_string());
+        governed(self.fs.clone(), reply, move |fs| fs.unlink(&c, parent.0, &name, false), |r, ()| r.ok());
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.fs.unlink(&caller(req), parent.0, name, true));
+        let (c, name) = (caller(req), name.to_os_string());
+        governed(self.fs.clone(), reply, move |fs| fs.unlink(&c, parent.0, &name, true), |r, ()| r.ok());
     }
 
     fn symlink(
@@ -242,10 +291,8 @@ impl Filesystem for FuseFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        entry(
-            reply,
-            self.fs.symlink(&caller(req), parent.0, link_name, target),
-        );
+        let (c, name, target) = (caller(req), link_name.to_os_string(), target.to_path_buf());
+        governed(self.fs.clone(), reply, move |fs| fs.symlink(&c, parent.0, &name, &target), reply_entry);
     }
 
     fn rename(
@@ -258,16 +305,12 @@ impl Filesystem for FuseFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        empty(
+        let (c, name, newname, flags) = (caller(req), name.to_os_string(), newname.to_os_string(), flags.bits());
+        governed(
+            self.fs.clone(),
             reply,
-            self.fs.rename(
-                &caller(req),
-                parent.0,
-                name,
-                newparent.0,
-                newname,
-                flags.bits(),
-            ),
+            move |fs| fs.rename(&c, parent.0, &name, newparent.0, &newname, flags),
+            |r, ()| r.ok(),
         );
     }
 
@@ -279,17 +322,18 @@ impl Filesystem for FuseFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        entry(
-            reply,
-            self.fs.link(&caller(req), ino.0, newparent.0, newname),
-        );
+        let (c, newname) = (caller(req), newname.to_os_string());
+        governed(self.fs.clone(), reply, move |fs| fs.link(&c, ino.0, newparent.0, &newname), reply_entry);
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open(&caller(req), ino.0, flags.0) {
-            Ok((fh, o)) => reply.opened(FileHandle(fh), fopen(o)),
-            Err(e) => reply.error(errno(e)),
-        }
+        let c = caller(req);
+        governed(
+            self.fs.clone(),
+            reply,
+            move |fs| fs.open(&c, ino.0, flags.0),
+            |r, (fh, o)| r.opened(FileHandle(fh), fopen(o)),
+        );
     }
 
     fn read(
@@ -437,9 +481,12 @@ impl Filesystem for FuseFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        empty(
+        let (c, name, value) = (caller(req), name.to_os_string(), value.to_vec());
+        governed(
+            self.fs.clone(),
             reply,
-            self.fs.setxattr(&caller(req), ino.0, name, value, flags),
+            move |fs| fs.setxattr(&c, ino.0, &name, &value, flags),
+            |r, ()| r.ok(),
         );
     }
 
@@ -460,7 +507,8 @@ impl Filesystem for FuseFs {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.fs.removexattr(&caller(req), ino.0, name));
+        let (c, name) = (caller(req), name.to_os_string());
+        governed(self.fs.clone(), reply, move |fs| fs.removexattr(&c, ino.0, &name), |r, ()| r.ok());
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
@@ -477,19 +525,13 @@ impl Filesystem for FuseFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        match self
-            .fs
-            .create(&caller(req), parent.0, name, mode, umask, flags)
-        {
-            Ok((e, fh, o)) => reply.created(
-                &TTL,
-                &attr(e.nodeid, &e.st),
-                Generation(0),
-                FileHandle(fh),
-                fopen(o),
-            ),
-            Err(e) => reply.error(errno(e)),
-        }
+        let (c, name) = (caller(req), name.to_os_string());
+        governed(
+            self.fs.clone(),
+            reply,
+            move |fs| fs.create(&c, parent.0, &name, mode, umask, flags),
+            |r, (e, fh, o)| r.created(&TTL, &attr(e.nodeid, &e.st), Generation(0), FileHandle(fh), fopen(o)),
+        );
     }
 
     fn fallocate(

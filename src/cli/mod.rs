@@ -3,6 +3,7 @@
 
 mod blame;
 mod check_policy;
+mod demo;
 mod ledger;
 mod log;
 mod mount;
@@ -19,18 +20,21 @@ use clap::{Parser, Subcommand};
 /// Mount a workspace through intentfs, let agents work inside the mountpoint, and every
 /// change they make is checked against the intent they selected, refused when stale, and
 /// recorded in a hash-chained audit ledger.
-///
-/// Quick start:
-///   intentfs mount --intent INT-001 ./workspace /mnt/agent
-///   cat /mnt/agent/.intentfs/context
-///   intentfs umount /mnt/agent
 #[derive(Parser, Debug)]
 #[command(
     name = "intentfs",
     version,
     about,
     long_about,
-    propagate_version = true
+    propagate_version = true,
+    after_help = "QUICK START:
+  intentfs demo                          # demo workspace mounted at /tmp/intentfs-demo/mnt
+  intentfs mount --intent INT-001 ./project /mnt/agent
+  cat /mnt/agent/.intentfs/context       # the intent, ready for the agent's prompt
+  intentfs run --mount /mnt/agent --intent INT-002 --agent docs -- CMD...
+  intentfs log ./project                 # what changed, by which intent and agent
+  intentfs ledger verify ./project       # chain intact? edits made outside the mount?
+  intentfs umount /mnt/agent"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -48,6 +52,8 @@ enum Command {
     Run(run::RunArgs),
     /// Validate a policy file and print its intents.
     CheckPolicy(check_policy::CheckPolicyArgs),
+    /// Create a demo workspace with the example policy and mount it.
+    Demo(demo::DemoArgs),
     /// Verify or export the audit ledger.
     Ledger(ledger::LedgerArgs),
     /// List ledger entries, filtered.
@@ -64,6 +70,7 @@ pub fn run() -> ExitCode {
         Command::Umount(a) => umount::run(a),
         Command::Run(a) => run::run(a),
         Command::CheckPolicy(a) => check_policy::run(a),
+        Command::Demo(a) => demo::run(a),
         Command::Ledger(a) => ledger::run(a),
         Command::Log(a) => log::run(a),
         Command::Blame(a) => blame::run(a),

@@ -18,7 +18,7 @@ use anyhow::{anyhow, bail, Context};
 use super::runtime;
 use crate::fs::{Fs, FsConfig};
 use crate::fuse::{MountSpec, Mounted};
-use crate::guard::{Approver, Guard, Identities, Protected, Rules};
+use crate::guard::{Guard, Identities, Protected, Rules};
 use crate::ledger::{Ledger, LedgerOptions};
 use crate::policy::{IntentIgnore, Policy};
 
@@ -65,6 +65,13 @@ pub struct MountArgs {
     /// What happens to a request that needs a human (a sensitive read).
     #[arg(long, value_enum, default_value = "deny")]
     pub approver: ApproverArg,
+    /// Circuit breaker: an identity refused this many times within --breaker-window trips
+    /// (all its mutations refused with CIRCUIT_OPEN until `intentfs reset`); 0 disables it.
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    pub breaker: usize,
+    /// Circuit breaker window, in seconds.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    pub breaker_window: u64,
     /// Refuse overwriting or deleting an existing file that the identity never read.
     #[arg(long)]
     pub require_read: bool,
@@ -77,6 +84,28 @@ pub struct MountArgs {
     /// Daemon log file [default: the mount's runtime directory, /run/intentfs/...].
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
+}
+
+impl MountArgs {
+    /// Defaults for `intentfs demo`.
+    pub fn for_demo(workspace: PathBuf, mountpoint: PathBuf, foreground: bool) -> MountArgs {
+        MountArgs {
+            workspace,
+            mountpoint,
+            policy: None,
+            ledger: None,
+            intent: None,
+            agent: "demo-agent".into(),
+            allow_other: false,
+            approver: ApproverArg::Deny,
+            require_read: false,
+            breaker: 20,
+            breaker_window: 60,
+            foreground,
+            threads: 4,
+            log: None,
+        }
+    }
 }
 
 /// Everything validated, ready to mount.
@@ -361,11 +390,6 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
             ignore: plan.ignore,
             protected: Protected::new(&extra),
         },
-        if plan.args.approver == ApproverArg::Allow {
-            Approver::Allow
-        } else {
-            Approver::Deny
-        },
     ));
     let ids = Arc::new(Identities::new(
         plan.args.agent.clone(),
@@ -378,12 +402,17 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
         policy_path: plan.policy_path.clone(),
         fd_cap,
     };
-    let fs = Arc::new(Fs::new(
-        cfg,
-        guard.clone(),
-        ids.clone(),
-        Some(ledger.clone()),
-    )?);
+    let mut fs = Fs::new(cfg, guard.clone(), ids.clone(), Some(ledger.clone()))?;
+    fs.approver = if plan.args.approver == ApproverArg::Allow {
+        crate::fs::approve::Approver::Allow
+    } else {
+        crate::fs::approve::Approver::Deny
+    };
+    fs.breaker = crate::guard::identity::Breaker {
+        limit: plan.args.breaker,
+        window: Duration::from_secs(plan.args.breaker_window),
+    };
+    let fs = Arc::new(fs);
     let spec = MountSpec {
         allow_other: plan.args.allow_other,
         threads: plan.args.threads,

@@ -8,6 +8,7 @@
 //! (read back from `/proc/self/fd`), so a directory renamed outside the mount cannot smuggle
 //! writes out of scope.
 
+pub mod approve;
 pub mod error;
 pub mod hash;
 pub mod inode;
@@ -29,6 +30,7 @@ pub use error::{FsError, Result};
 use inode::{InodeTable, Node};
 
 use crate::control::CtlFile;
+use crate::guard::identity::GrantKind;
 use crate::guard::{Denial, Guard, Identities, Identity};
 use crate::ledger::{Draft, Ledger, MutationType};
 
@@ -124,6 +126,10 @@ pub struct Fs {
     pub cfg: FsConfig,
     /// Content hashes by stamp, shared by stale checks, read records and the ledger.
     pub hashes: hash::HashCache,
+    /// Who decides when a human is asked.
+    pub approver: approve::Approver,
+    /// Circuit breaker settings.
+    pub breaker: crate::guard::identity::Breaker,
     /// Who wrote each open-for-write inode last, and its stamp after that write.
     pub(crate) last_writer: Mutex<HashMap<(u64, u64), (String, crate::guard::stale::Stamp)>>,
     /// The workspace's real path as last seen, to turn `/proc/self/fd` links into
@@ -153,6 +159,8 @@ impl Fs {
             counters: Counters::default(),
             cfg,
             hashes: hash::HashCache::default(),
+            approver: approve::Approver::Deny,
+            breaker: Default::default(),
             last_writer: Mutex::new(HashMap::new()),
             root_path: Mutex::new(root_path),
             started: chrono::Utc::now().timestamp(),
@@ -267,6 +275,9 @@ impl Fs {
     /// Refuse: remember it for the identity, count it, ledger it, and answer `EACCES`.
     pub(crate) fn deny(&self, ident: &Identity, caller: &Caller, d: Denial) -> FsError {
         ident.deny(&d);
+        if d.code != crate::guard::Code::CircuitOpen && ident.count_refusal(self.breaker) {
+            self.trip(ident, caller);
+        }
         self.counters.denials.fetch_add(1, Ordering::Relaxed);
         tracing::info!(code = %d.code, path = %d.path.display(), agent = %ident.name, "denied: {}", d.message);
         if let Some(l) = &self.ledger {
@@ -310,10 +321,58 @@ impl Fs {
         is_dir: bool,
     ) -> Result<()> {
         let intent = ident.intent();
-        if let Err(d) = self.guard.check_write(intent.as_deref(), op, rel, is_dir) {
+        if ident.tripped.load(Ordering::Acquire) {
+            let d = Denial::new(
+                crate::guard::Code::CircuitOpen,
+                op,
+                rel,
+                intent.as_deref(),
+                format!("{} was refused too often and is stopped until a human resets it", ident.name),
+                format!(
+                    "Stop and report to the human: this agent looped on refused operations. A human resets it with \
+                     `intentfs reset {}`.",
+                    ident.key()
+                ),
+            );
             return Err(self.deny(ident, caller, d));
         }
+        match self.guard.check_write(intent.as_deref(), op, rel, is_dir) {
+            Ok(_) => {}
+            Err(d) if d.code == crate::guard::Code::ScopeViolation => {
+                if ident.grants.lock().take(GrantKind::Write, rel) {
+                    return self.ledger_healthy(ident, caller, op, rel);
+                }
+                if self.guard.rules().policy.approval().out_of_scope == crate::policy::OutOfScope::Ask {
+                    return Err(FsError::Ask(Box::new(approve::AskSpec {
+                        kind: GrantKind::Write,
+                        ident: ident.clone(),
+                        caller: *caller,
+                        op: op.into(),
+                        rel: rel.to_path_buf(),
+                        denial: d,
+                    })));
+                }
+                return Err(self.deny(ident, caller, d));
+            }
+            Err(d) => return Err(self.deny(ident, caller, d)),
+        }
         self.ledger_healthy(ident, caller, op, rel)
+    }
+
+    /// The breaker tripped: say so loudly (log, ledger, and the human channel).
+    fn trip(&self, ident: &Identity, caller: &Caller) {
+        tracing::warn!(agent = %ident.name, identity = %ident.key(), "circuit breaker tripped: mutations refused until reset");
+        if let Some(l) = &self.ledger {
+            let _ = l.record_nowait(Draft {
+                intent_id: ident.intent(),
+                agent: Some(self.agent(ident, caller)),
+                mutation_type: Some(MutationType::Denial),
+                outcome: "tripped".into(),
+                code: Some("CIRCUIT_OPEN".into()),
+                detail: Some(serde_json::json!({ "limit": self.breaker.limit, "window_s": self.breaker.window.as_secs() })),
+                ..Default::default()
+            });
+        }
     }
 
     /// The ledger must be writable for a mutation to proceed: fail closed otherwise.

@@ -19,7 +19,7 @@ use crate::control::{self, CtlFile};
 use crate::ledger::{Draft, MutationType};
 
 /// Attribute changes requested by `setattr`.
-#[derive(Default, Debug)]
+#[derive(Default, Debug, Clone)]
 pub struct SetAttr {
     pub mode: Option<u32>,
     pub uid: Option<u32>,
@@ -421,6 +421,7 @@ impl Fs {
                 return Err(self.protected_below(&ident, caller, op, &rel, rule));
             }
         }
+        self.delete_approval(&ident, caller, op, &rel)?;
         let pfd = self.fd(&p)?;
         let st = sys::stat_at(pfd.as_fd(), name)?;
         let prev = if st.st_mode & libc::S_IFMT == libc::S_IFREG {
@@ -642,7 +643,7 @@ impl Fs {
             let ident = self.ids.resolve(caller.pid);
             let rel = self.display_rel(&node);
             if let Err(d) = self.guard.check_read(ident.intent().as_deref(), &rel) {
-                return Err(self.deny(&ident, caller, d));
+                self.sensitive_read(&ident, caller, &rel, d)?;
             }
             ident
         };
@@ -1060,5 +1061,58 @@ impl Fs {
         };
         self.record(&ident, caller, MutationType::Xattr, &rel, draft);
         Ok(())
+    }
+}
+
+impl Fs {
+    /// A sensitive path is being opened for reading: the policy's `approval.sensitive_read`
+    /// says whether to allow, refuse, or ask a human.
+    fn sensitive_read(&self, ident: &Arc<crate::guard::Identity>, caller: &Caller, rel: &Path, d: crate::guard::Denial) -> Result<()> {
+        use crate::guard::identity::GrantKind;
+        use crate::policy::SensitiveRead;
+        match self.guard.rules().policy.approval().sensitive_read {
+            SensitiveRead::Allow => Ok(()),
+            SensitiveRead::Deny => Err(self.deny(ident, caller, d)),
+            SensitiveRead::Ask => {
+                if ident.grants.lock().take(GrantKind::Read, rel) {
+                    return Ok(());
+                }
+                Err(FsError::Ask(Box::new(super::approve::AskSpec {
+                    kind: GrantKind::Read,
+                    ident: ident.clone(),
+                    caller: *caller,
+                    op: "read".into(),
+                    rel: rel.to_path_buf(),
+                    denial: d,
+                })))
+            }
+        }
+    }
+
+    /// Deletes need a human when the policy says `approval.delete: ask`.
+    fn delete_approval(&self, ident: &Arc<crate::guard::Identity>, caller: &Caller, op: &str, rel: &Path) -> Result<()> {
+        use crate::guard::identity::GrantKind;
+        if self.guard.rules().policy.approval().delete != crate::policy::DeleteRule::Ask {
+            return Ok(());
+        }
+        if ident.grants.lock().take(GrantKind::Delete, rel) {
+            return Ok(());
+        }
+        let d = crate::guard::Denial::new(
+            crate::guard::Code::ApprovalRejected,
+            op,
+            rel,
+            ident.intent().as_deref(),
+            format!("deleting {} needs a human's approval (policy approval.delete: ask)", rel.display()),
+            "Do not delete this; ask the human, or leave the file in place.".into(),
+        );
+        Err(FsError::Ask(Box::new(super::approve::AskSpec {
+            kind: GrantKind::Delete,
+            ident: ident.clone(),
+            caller: *caller,
+            op: op.into(),
+            rel: rel.to_path_buf(),
+            denial: d,
+        })))
     }
 }

@@ -3,7 +3,11 @@
 //! attributed by its caller's session, read from `/proc/<pid>/stat`; a caller whose pid is
 //! not visible (0, another pid namespace) falls back to the default identity.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use globset::GlobMatcher;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -33,6 +37,62 @@ pub struct Identity {
     pub require_read: bool,
     /// What this identity last saw of each file, by workspace-relative path.
     pub seen: Mutex<HashMap<PathBuf, SeenBy>>,
+    /// Human grants that widen what this identity may do for the rest of its session.
+    pub grants: Mutex<Grants>,
+    /// Times of recent refusals, for the circuit breaker.
+    recent_denials: Mutex<VecDeque<Instant>>,
+    /// The breaker tripped: every mutation is refused until a human resets it.
+    pub tripped: AtomicBool,
+}
+
+/// What humans granted an identity.
+#[derive(Default, Debug)]
+pub struct Grants {
+    /// Single-use grants: `(kind, path)`; consumed by the next matching check.
+    pub once: Vec<(GrantKind, PathBuf)>,
+    /// Paths granted for the rest of the session.
+    pub files: HashSet<(GrantKind, PathBuf)>,
+    /// Scope expansions (globs), for the rest of the session.
+    pub globs: Vec<(String, GlobMatcher)>,
+}
+
+/// What a grant lets through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GrantKind {
+    /// A write outside the intent's scope.
+    Write,
+    /// Reading a sensitive path.
+    Read,
+    /// A delete the policy asks about.
+    Delete,
+}
+
+impl Grants {
+    /// Does a grant cover `(kind, rel)`? A single-use grant is consumed.
+    pub fn take(&mut self, kind: GrantKind, rel: &Path) -> bool {
+        if let Some(i) = self.once.iter().position(|(k, p)| *k == kind && p == rel) {
+            self.once.remove(i);
+            return true;
+        }
+        if self.files.contains(&(kind, rel.to_path_buf())) {
+            return true;
+        }
+        kind == GrantKind::Write && self.globs.iter().any(|(_, g)| g.is_match(rel))
+    }
+}
+
+/// The circuit breaker's settings.
+#[derive(Clone, Copy, Debug)]
+pub struct Breaker {
+    /// Refusals within `window` that trip it.
+    pub limit: usize,
+    pub window: Duration,
+}
+
+impl Default for Breaker {
+    fn default() -> Self {
+        Breaker { limit: 20, window: Duration::from_secs(60) }
+    }
 }
 
 impl Identity {
@@ -52,7 +112,34 @@ impl Identity {
             stale_refusals: AtomicU64::new(0),
             require_read,
             seen: Mutex::new(HashMap::new()),
+            grants: Mutex::new(Grants::default()),
+            recent_denials: Mutex::new(VecDeque::new()),
+            tripped: AtomicBool::new(false),
         }
+    }
+
+    /// Count a refusal for the circuit breaker; true when this one trips it.
+    pub fn count_refusal(&self, b: Breaker) -> bool {
+        if b.limit == 0 || self.tripped.load(Ordering::Acquire) {
+            return false;
+        }
+        let now = Instant::now();
+        let mut q = self.recent_denials.lock();
+        q.push_back(now);
+        while q.front().map(|t| now.duration_since(*t) > b.window).unwrap_or(false) {
+            q.pop_front();
+        }
+        if q.len() >= b.limit {
+            q.clear();
+            return !self.tripped.swap(true, Ordering::AcqRel);
+        }
+        false
+    }
+
+    /// A human reset the breaker.
+    pub fn reset_breaker(&self) {
+        self.recent_denials.lock().clear();
+        self.tripped.store(false, Ordering::Release);
     }
 
     /// What this identity last saw of `rel`, as the view a mutation by process `pid` is
@@ -228,6 +315,18 @@ impl Identities {
         ));
         self.sessions.write().insert(sid, id.clone());
         Ok(id)
+    }
+
+    /// The identity with this key (`default` or `session:<sid>`).
+    pub fn by_key(&self, key: &str) -> Option<Arc<Identity>> {
+        if key == "default" || key == self.default.name {
+            return Some(self.default.clone());
+        }
+        let sessions = self.sessions.read();
+        if let Some(sid) = key.strip_prefix("session:").and_then(|s| s.parse::<i32>().ok()) {
+            return sessions.get(&sid).cloned();
+        }
+        sessions.values().find(|i| i.name == key).cloned()
     }
 
     /// All identities, default first.

@@ -166,13 +166,6 @@ impl Protected {
     }
 }
 
-/// What happens to a sensitive read until human approval channels exist.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Approver {
-    Deny,
-    Allow,
-}
-
 /// Everything a decision needs, swapped as a whole when the policy reloads.
 pub struct Rules {
     pub policy: Policy,
@@ -183,16 +176,14 @@ pub struct Rules {
 /// The decision maker for one mount.
 pub struct Guard {
     rules: RwLock<Arc<Rules>>,
-    approver: Approver,
     /// The last reload error, shown in `.intentfs/status` until a reload succeeds.
     reload_error: Mutex<Option<String>>,
 }
 
 impl Guard {
-    pub fn new(rules: Rules, approver: Approver) -> Guard {
+    pub fn new(rules: Rules) -> Guard {
         Guard {
             rules: RwLock::new(Arc::new(rules)),
-            approver,
             reload_error: Mutex::new(None),
         }
     }
@@ -316,15 +307,13 @@ impl Guard {
         }
     }
 
-    /// May `rel` be read? Sensitive paths need a human's approval (here: the `--approver`).
+    /// May `rel` be read without asking? A sensitive path is refused here; whether a human
+    /// is asked (policy `approval.sensitive_read`) is the filesystem's business.
     pub fn check_read(&self, intent: Option<&str>, rel: &Path) -> Result<(), Denial> {
         let rules = self.rules();
         let Some(rule) = rules.policy.sensitive_match(rel) else {
             return Ok(());
         };
-        if self.approver == Approver::Allow {
-            return Ok(());
-        }
         Err(Denial::new(
             Code::SensitiveRead,
             "read",

@@ -21,7 +21,7 @@ intents:
     owned_scope: ["**"]
 "#;
 
-fn guard(ignore: &str, approver: Approver) -> Guard {
+fn guard(ignore: &str) -> Guard {
     let policy = Policy::parse(POLICY, Path::new("policy.yaml")).expect("policy parses");
     let ignore = IntentIgnore::parse(ignore, Path::new(".intentignore")).expect("ignore parses");
     Guard::new(
@@ -30,13 +30,12 @@ fn guard(ignore: &str, approver: Approver) -> Guard {
             ignore,
             protected: Protected::new(&[PathBuf::from("custom/ledger.jsonl")]),
         },
-        approver,
     )
 }
 
 #[test]
 fn write_decisions() {
-    let g = guard("secrets/\n*.lock\n", Approver::Deny);
+    let g = guard("secrets/\n*.lock\n");
     // (intent, path, is_dir, expected code or None for allowed)
     let cases: &[(Option<&str>, &str, bool, Option<Code>)] = &[
         (Some("INT-001"), "src/auth/login.ts", false, None),
@@ -124,7 +123,7 @@ fn write_decisions() {
 
 #[test]
 fn denial_carries_rule_and_remedy() {
-    let g = guard("secrets/\n", Approver::Deny);
+    let g = guard("secrets/\n");
     let d = g
         .check_write(Some("ALL"), "create", Path::new("secrets/x"), false)
         .unwrap_err();
@@ -156,8 +155,7 @@ fn denial_carries_rule_and_remedy() {
 
 #[test]
 fn sensitive_reads() {
-    let deny = guard("", Approver::Deny);
-    let allow = guard("", Approver::Allow);
+    let deny = guard("");
     for p in [
         ".env",
         "config/.env.local",

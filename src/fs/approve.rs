@@ -1,0 +1,131 @@
+//! Asking a human from inside a filesystem operation, without holding a FUSE worker: the
+//! operation answers [`FsError::Ask`]; the adapter parks the reply and calls [`Fs::park`]
+//! with a continuation; the decision (now, or later from the approval broker) grants the
+//! identity what was asked and re-runs the operation, or answers `EACCES`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{Caller, Fs, FsError};
+use crate::guard::identity::GrantKind;
+use crate::guard::{Code, Denial, Identity};
+use crate::ledger::{Draft, MutationType};
+
+/// Who decides when a human is asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Approver {
+    /// Refuse at once (unattended runs; the default until a human channel is configured).
+    Deny,
+    /// Allow at once (trusted unattended runs).
+    Allow,
+}
+
+/// A question for a human, raised by an operation.
+pub struct AskSpec {
+    pub kind: GrantKind,
+    pub ident: Arc<Identity>,
+    pub caller: Caller,
+    pub op: String,
+    pub rel: PathBuf,
+    /// The refusal to answer when nobody approves (its code is kept for `--approver deny`).
+    pub denial: Denial,
+}
+
+/// What to do once decided: `None` re-runs the operation, `Some(err)` answers the error.
+pub type Continue = Box<dyn FnOnce(Option<FsError>) + Send + 'static>;
+
+/// How a question was answered.
+pub enum Answer {
+    Approved { grant: &'static str, by: String },
+    Rejected { by: String },
+    TimedOut,
+}
+
+impl Fs {
+    /// Ask, and continue with the decision.
+    pub fn park(&self, spec: AskSpec, cont: Continue) {
+        let started = Instant::now();
+        let answer = match self.approver {
+            Approver::Allow => Answer::Approved { grant: "once", by: "approver:allow".into() },
+            Approver::Deny => Answer::Rejected { by: "approver:deny".into() },
+        };
+        cont(self.settle(spec, answer, started));
+    }
+
+    /// Apply an answer: grant and ledger it, or refuse. `None` means "re-run".
+    pub(crate) fn settle(&self, spec: AskSpec, answer: Answer, started: Instant) -> Option<FsError> {
+        let latency_ms = started.elapsed().as_millis() as u64;
+        let (outcome, by, grant) = match &answer {
+            Answer::Approved { grant, by } => ("approved", by.clone(), Some(*grant)),
+            Answer::Rejected { by } => ("rejected", by.clone(), None),
+            Answer::TimedOut => ("timeout", "timeout".to_string(), None),
+        };
+        if let Some(l) = &self.ledger {
+            let draft = Draft {
+                intent_id: spec.ident.intent(),
+                agent: Some(self.agent(&spec.ident, &spec.caller)),
+                mutation_type: Some(MutationType::Approval),
+                path: Some(spec.rel.clone()),
+                outcome: outcome.into(),
+                code: Some(spec.denial.code.as_str().into()),
+                rule: spec.denial.rule.clone(),
+                detail: Some(serde_json::json!({
+                    "asked": format!("{:?}", spec.kind).to_lowercase(),
+                    "op": spec.op,
+                    "decided_by": by,
+                    "grant": grant,
+                    "latency_ms": latency_ms,
+                })),
+                ..Default::default()
+            };
+            if let Err(e) = l.record(draft) {
+                tracing::error!("ledger: cannot record an approval decision: {e}");
+            }
+        }
+        match answer {
+            Answer::Approved { grant, .. } => {
+                let mut g = spec.ident.grants.lock();
+                match grant {
+                    "file" => {
+                        g.files.insert((spec.kind, spec.rel.clone()));
+                    }
+                    _ => g.once.push((spec.kind, spec.rel.clone())),
+                }
+                None
+            }
+            Answer::Rejected { by } if by.starts_with("approver:") => {
+                // Unattended refusal: the original reason stands.
+                Some(self.deny(&spec.ident, &spec.caller, spec.denial))
+            }
+            Answer::Rejected { by } => {
+                let d = Denial::new(
+                    Code::ApprovalRejected,
+                    &spec.op,
+                    &spec.rel,
+                    spec.ident.intent().as_deref(),
+                    format!("a human ({by}) rejected: {}", spec.denial.message),
+                    "The human said no. Do not retry this operation; continue within your scope or ask the human \
+                     what to do instead."
+                        .into(),
+                )
+                .with_rule(spec.denial.rule.clone());
+                Some(self.deny(&spec.ident, &spec.caller, d))
+            }
+            Answer::TimedOut => {
+                let d = Denial::new(
+                    Code::ApprovalTimeout,
+                    &spec.op,
+                    &spec.rel,
+                    spec.ident.intent().as_deref(),
+                    format!("nobody approved in time: {}", spec.denial.message),
+                    "No human answered. Continue with work that does not need this, and mention the pending need \
+                     in your report."
+                        .into(),
+                )
+                .with_rule(spec.denial.rule.clone());
+                Some(self.deny(&spec.ident, &spec.caller, d))
+            }
+        }
+    }
+}
