@@ -117,6 +117,8 @@ pub struct StatusInfo {
     pub nodes: usize,
     pub open_handles: usize,
     pub counters: serde_json::Value,
+    /// Requests waiting for a human.
+    pub pending: serde_json::Value,
 }
 
 /// Render a control file for `ident`.
@@ -172,7 +174,7 @@ pub fn render(
                 "mount": { "workspace": i.workspace, "mountpoint": i.mountpoint, "policy": i.policy,
                            "policy_reload_error": i.policy_error, "nodes": i.nodes, "open_handles": i.open_handles },
                 "identities": idents,
-                "pending_approvals": [],
+                "pending_approvals": i.pending,
                 "counters": i.counters,
             });
             let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();

@@ -2,6 +2,7 @@
 //!
 //! Layers, from the bottom up (a module never knows about the layers above it):
 //! - [`policy`]: pure YAML -> compiled policy (globset); decisions quote the rule that decided.
+//! - [`approval`]: the human-approval broker and its channels (desktop, CLI socket).
 //! - [`ledger`]: the append-only, hash-chained audit ledger (writer thread, reader, verify).
 //! - [`guard`]: the decision for one operation (intent, scope, protected paths, stale check).
 //! - [`fs`]: the passthrough core over `O_PATH` handles; the only `unsafe`.
@@ -9,6 +10,7 @@
 //! - `fuse`: the adapter implementing `fuser::Filesystem`, the only module importing fuser.
 //! - [`cli`]: the command line.
 
+pub mod approval;
 pub mod cli;
 pub mod control;
 pub mod fs;

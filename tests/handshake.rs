@@ -10,7 +10,7 @@ use common::*;
 
 fn example_mount() -> TestMount {
     TestMount::builder()
-        .policy(EXAMPLE)
+        .policy(&example_deny())
         .files(&[
             ("src/auth/a.ts", "auth"),
             ("README.md", "readme"),
@@ -72,8 +72,8 @@ fn no_intent_then_select_with_echo() {
         "SCOPE_VIOLATION",
     );
     assert_eq!(tm.ws_bytes("src/auth/a.ts"), b"jwt");
-    // An empty write deselects.
-    select(&tm, "").unwrap();
+    // An empty line deselects.
+    tm.sh_ok("echo > .intentfs/intent");
     assert_eq!(tm.ctl("intent"), "");
     tm.assert_denied(std::fs::write(tm.m("README.md"), "z"), "NO_INTENT");
 }
@@ -86,7 +86,7 @@ fn invalid_or_paused_intent_is_einval() {
         assert_eq!(e, libc::EINVAL, "writing {bad:?}");
         assert_eq!(tm.ctl("intent"), "", "after {bad:?}");
     }
-    let out = tm.sh("echo INT-003 > .intentfs/intent");
+    let out = tm.sh("env echo INT-003 > .intentfs/intent");
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("Invalid argument"),
@@ -101,7 +101,7 @@ fn invalid_or_paused_intent_is_einval() {
 
 #[test]
 fn context_intents_status() {
-    let tm = TestMount::builder().policy(EXAMPLE).agent("claude").mount();
+    let tm = TestMount::builder().policy(&example_deny()).agent("claude").mount();
     let none = tm.ctl("context");
     assert!(none.contains("<intent_context>"), "{none}");
     select(&tm, "INT-001").unwrap();
@@ -283,18 +283,19 @@ fn wait_for(tm: &TestMount, what: &str, f: impl Fn(&TestMount) -> bool) {
 #[test]
 fn policy_edit_takes_effect_without_remount() {
     let tm = TestMount::builder()
-        .policy(EXAMPLE)
+        .policy(&example_deny())
         .intent("INT-001")
         .files(&[("src/auth/a.ts", "a")])
         .mount();
     std::fs::write(tm.m("src/auth/a.ts"), "b").unwrap();
     // The human pauses INT-001 (directly in the workspace).
-    let paused = EXAMPLE.replacen(
+    let base = example_deny();
+    let paused = base.replacen(
         "status: IN_PROGRESS               # IN_PROGRESS | PAUSED",
         "status: PAUSED               # IN_PROGRESS | PAUSED",
         1,
     );
-    assert_ne!(paused, EXAMPLE, "the example policy changed shape");
+    assert_ne!(paused, base, "the example policy changed shape");
     let start = std::time::Instant::now();
     std::fs::write(tm.w(POLICY_REL), &paused).unwrap();
     wait_for(&tm, "INT-001 to leave .intentfs/intents", |tm| {
@@ -312,7 +313,7 @@ fn policy_edit_takes_effect_without_remount() {
     );
     assert_eq!(tm.ws_bytes("src/auth/a.ts"), b"b");
     // And back.
-    std::fs::write(tm.w(POLICY_REL), EXAMPLE).unwrap();
+    std::fs::write(tm.w(POLICY_REL), example_deny()).unwrap();
     wait_for(&tm, "INT-001 to come back", |tm| {
         tm.ctl("intents").contains("INT-001")
     });
@@ -323,17 +324,18 @@ fn policy_edit_takes_effect_without_remount() {
 #[test]
 fn policy_scope_edit_takes_effect_without_remount() {
     let tm = TestMount::builder()
-        .policy(EXAMPLE)
+        .policy(&example_deny())
         .intent("INT-001")
         .files(&[("lib/x.ts", "x")])
         .mount();
     tm.assert_denied(std::fs::write(tm.m("lib/x.ts"), "1"), "SCOPE_VIOLATION");
-    let wider = EXAMPLE.replacen(
+    let base = example_deny();
+    let wider = base.replacen(
         "      - \"src/auth/**\"\n",
         "      - \"src/auth/**\"\n      - \"lib/**\"\n",
         1,
     );
-    assert_ne!(wider, EXAMPLE);
+    assert_ne!(wider, base);
     std::fs::write(tm.w(POLICY_REL), &wider).unwrap();
     wait_for(&tm, "lib/** in the scope", |tm| {
         tm.ctl("context").contains("lib/**")
@@ -345,7 +347,7 @@ fn policy_scope_edit_takes_effect_without_remount() {
 #[test]
 fn garbage_policy_keeps_the_last_good_one() {
     let tm = TestMount::builder()
-        .policy(EXAMPLE)
+        .policy(&example_deny())
         .intent("INT-001")
         .files(&[("src/auth/a.ts", "a"), ("README.md", "r")])
         .mount();
@@ -375,7 +377,7 @@ fn garbage_policy_keeps_the_last_good_one() {
         .unwrap_or("")
         .contains("owned_scop"));
     // A good policy clears the error.
-    std::fs::write(tm.w(POLICY_REL), EXAMPLE).unwrap();
+    std::fs::write(tm.w(POLICY_REL), example_deny()).unwrap();
     wait_for(&tm, "the reload error to clear", |tm| {
         tm.status()["mount"]["policy_reload_error"].is_null()
     });
@@ -384,7 +386,7 @@ fn garbage_policy_keeps_the_last_good_one() {
 #[test]
 fn deleted_policy_keeps_the_last_good_one() {
     let tm = TestMount::builder()
-        .policy(EXAMPLE)
+        .policy(&example_deny())
         .intent("INT-001")
         .files(&[("src/auth/a.ts", "a"), ("README.md", "r")])
         .mount();
@@ -398,7 +400,7 @@ fn deleted_policy_keeps_the_last_good_one() {
 }
 
 #[test]
-fn intent_file_is_per_mount_identity_and_readable_by_anyone() {
+fn control_file_modes() {
     // Reading `intent` does not need an intent; writing garbage to it is EINVAL, and
     // chmod/unlink are refused (checked in control_files_cannot_be_changed).
     let tm = example_mount();

@@ -1,6 +1,7 @@
 //! The command line: clap derive, one file per subcommand. Raw arguments are validated into
 //! settings here, before anything is mounted.
 
+mod approvals;
 mod blame;
 mod check_policy;
 mod demo;
@@ -54,6 +55,14 @@ enum Command {
     CheckPolicy(check_policy::CheckPolicyArgs),
     /// Create a demo workspace with the example policy and mount it.
     Demo(demo::DemoArgs),
+    /// List the approval requests waiting for a human.
+    Approvals(approvals::ApprovalsArgs),
+    /// Approve a pending request (once, for the file, or expanding the scope).
+    Approve(approvals::ApproveArgs),
+    /// Reject a pending request.
+    Reject(approvals::RejectArgs),
+    /// Reset an identity's tripped circuit breaker.
+    Reset(approvals::ResetArgs),
     /// Verify or export the audit ledger.
     Ledger(ledger::LedgerArgs),
     /// List ledger entries, filtered.
@@ -71,6 +80,10 @@ pub fn run() -> ExitCode {
         Command::Run(a) => run::run(a),
         Command::CheckPolicy(a) => check_policy::run(a),
         Command::Demo(a) => demo::run(a),
+        Command::Approvals(a) => approvals::run_approvals(a),
+        Command::Approve(a) => approvals::run_approve(a),
+        Command::Reject(a) => approvals::run_reject(a),
+        Command::Reset(a) => approvals::run_reset(a),
         Command::Ledger(a) => ledger::run(a),
         Command::Log(a) => log::run(a),
         Command::Blame(a) => blame::run(a),

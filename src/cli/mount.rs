@@ -19,14 +19,19 @@ use super::runtime;
 use crate::fs::{Fs, FsConfig};
 use crate::fuse::{MountSpec, Mounted};
 use crate::guard::{Guard, Identities, Protected, Rules};
+use crate::approval::{Broker, BrokerConfig, Mode};
 use crate::ledger::{Ledger, LedgerOptions};
 use crate::policy::{IntentIgnore, Policy};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ApproverArg {
-    /// Refuse every request that needs a human (sensitive reads).
+    /// A desktop notification with Approve / Reject actions (and the CLI channel too).
+    Desktop,
+    /// `intentfs approvals` / `approve ID` / `reject ID` from any terminal of the mount's owner.
+    Cli,
+    /// Refuse every request that needs a human at once (unattended runs).
     Deny,
-    /// Allow every request that needs a human (unattended, trusted runs only).
+    /// Allow every request that needs a human at once (unattended, trusted runs only).
     Allow,
 }
 
@@ -62,9 +67,10 @@ pub struct MountArgs {
     /// Non-root owners need `user_allow_other` in /etc/fuse.conf.
     #[arg(long)]
     pub allow_other: bool,
-    /// What happens to a request that needs a human (a sensitive read).
-    #[arg(long, value_enum, default_value = "deny")]
-    pub approver: ApproverArg,
+    /// Who answers when the policy says `ask` (out-of-scope writes, sensitive reads,
+    /// deletes) [default: desktop when a D-Bus session bus is reachable, else cli].
+    #[arg(long, value_enum)]
+    pub approver: Option<ApproverArg>,
     /// Circuit breaker: an identity refused this many times within --breaker-window trips
     /// (all its mutations refused with CIRCUIT_OPEN until `intentfs reset`); 0 disables it.
     #[arg(long, default_value_t = 20, value_name = "N")]
@@ -97,7 +103,7 @@ impl MountArgs {
             intent: None,
             agent: "demo-agent".into(),
             allow_other: false,
-            approver: ApproverArg::Deny,
+            approver: None,
             require_read: false,
             breaker: 20,
             breaker_window: 60,
@@ -402,11 +408,42 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
         policy_path: plan.policy_path.clone(),
         fd_cap,
     };
+    let mode = match plan.args.approver {
+        Some(ApproverArg::Desktop) => Mode::Desktop,
+        Some(ApproverArg::Cli) => Mode::Cli,
+        Some(ApproverArg::Deny) => Mode::Deny,
+        Some(ApproverArg::Allow) => Mode::Allow,
+        None if crate::approval::desktop_available() => Mode::Desktop,
+        None => Mode::Cli,
+    };
+    // The broker always runs: its socket also serves `intentfs reset` and `approvals`.
+    let broker = Broker::start(BrokerConfig {
+        mode,
+        timeout: Duration::from_secs(guard.rules().policy.approval().timeout_s),
+        socket_path: Some(rt.join(super::approvals::SOCKET_NAME)),
+        // SAFETY: getuid has no preconditions.
+        owner_uid: unsafe { libc::getuid() },
+        mountpoint: plan.mountpoint.clone(),
+        workspace: plan.workspace.clone(),
+    })
+    .context("starting the approval broker")?;
+    {
+        let ids = ids.clone();
+        broker.set_reset_hook(Box::new(move |key| match ids.by_key(key) {
+            Some(i) => {
+                i.reset_breaker();
+                tracing::info!("circuit breaker of {key} reset by a human");
+                true
+            }
+            None => false,
+        }));
+    }
+    tracing::info!("approvals: {mode:?}");
     let mut fs = Fs::new(cfg, guard.clone(), ids.clone(), Some(ledger.clone()))?;
-    fs.approver = if plan.args.approver == ApproverArg::Allow {
-        crate::fs::approve::Approver::Allow
-    } else {
-        crate::fs::approve::Approver::Deny
+    fs.approver = match mode {
+        Mode::Deny => crate::fs::approve::Approver::Deny,
+        Mode::Allow => crate::fs::approve::Approver::Allow,
+        Mode::Desktop | Mode::Cli => crate::fs::approve::Approver::Human(broker.clone()),
     };
     fs.breaker = crate::guard::identity::Breaker {
         limit: plan.args.breaker,
@@ -446,6 +483,7 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
     // Signals unmount; the session loop then ends on its own.
     let mut unmounter = mounted.unmounter();
     let mp = plan.mountpoint.clone();
+    let broker2 = broker.clone();
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
@@ -453,6 +491,8 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
             // SAFETY: sigset is a valid set; sig a valid out-parameter.
             unsafe { libc::sigwait(&sigset, &mut sig) };
             tracing::info!("signal {sig}: unmounting {}", mp.display());
+            // Answer every parked request (rejected) while the mount still serves.
+            broker2.shutdown();
             if let Err(e) = unmounter.unmount() {
                 tracing::warn!("unmount: {e}; retrying lazily");
                 let _ = super::umount::unmount(&mp, true);
@@ -478,6 +518,7 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
         stop.clone(),
     );
     let result = mounted.run();
+    broker.shutdown();
     stop.store(true, Ordering::Relaxed);
     let _ = ledger.record(crate::ledger::Draft {
         mutation_type: Some(crate::ledger::MutationType::Unmount),

@@ -174,6 +174,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
             "status": status.code().unwrap_or(128 + status.signal().unwrap_or(0)),
             "output": output,
             "intent": a.intent,
+            "agent": a.agent,
         });
         match std::fs::write(ctl.join("lesson"), lesson.to_string()) {
             Ok(()) => eprintln!("intentfs: verification failed; lesson recorded in CLAUDE.md"),

@@ -8,17 +8,20 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{Caller, Fs, FsError};
+use crate::approval::{Ask, AskKind, Broker, Decision, Grant};
 use crate::guard::identity::GrantKind;
 use crate::guard::{Code, Denial, Identity};
 use crate::ledger::{Draft, MutationType};
 
 /// Who decides when a human is asked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 pub enum Approver {
-    /// Refuse at once (unattended runs; the default until a human channel is configured).
+    /// Refuse at once (unattended runs); the original code (e.g. `SENSITIVE_READ`) stands.
     Deny,
-    /// Allow at once (trusted unattended runs).
+    /// Allow at once, grant `once` (trusted unattended runs).
     Allow,
+    /// A person, through the broker's channels (desktop notification, CLI socket).
+    Human(Arc<Broker>),
 }
 
 /// A question for a human, raised by an operation.
@@ -43,14 +46,54 @@ pub enum Answer {
 }
 
 impl Fs {
-    /// Ask, and continue with the decision.
-    pub fn park(&self, spec: AskSpec, cont: Continue) {
+    /// Ask, and continue with the decision. Never blocks the calling worker: with a human
+    /// approver the continuation runs later, on a broker thread.
+    pub fn park(self: &Arc<Self>, spec: AskSpec, cont: Continue) {
         let started = Instant::now();
-        let answer = match self.approver {
-            Approver::Allow => Answer::Approved { grant: "once", by: "approver:allow".into() },
-            Approver::Deny => Answer::Rejected { by: "approver:deny".into() },
+        let broker = match &self.approver {
+            Approver::Allow => {
+                let a = Answer::Approved { grant: "once", by: "approver:allow".into() };
+                return cont(self.settle(spec, a, started));
+            }
+            Approver::Deny => {
+                let a = Answer::Rejected { by: "approver:deny".into() };
+                return cont(self.settle(spec, a, started));
+            }
+            Approver::Human(b) => b.clone(),
         };
-        cont(self.settle(spec, answer, started));
+        let ask = Ask {
+            kind: match spec.kind {
+                GrantKind::Write => AskKind::OutOfScope,
+                GrantKind::Read => AskKind::SensitiveRead,
+                GrantKind::Delete => AskKind::Delete,
+            },
+            identity: spec.ident.key(),
+            agent: spec.ident.name.clone(),
+            intent: spec.ident.intent(),
+            op: spec.op.clone(),
+            path: spec.rel.clone(),
+            suggested_glob: spec.rel.to_string_lossy().into_owned(),
+        };
+        tracing::info!(agent = %spec.ident.name, path = %spec.rel.display(), op = %spec.op, "asking a human");
+        let fs = self.clone();
+        broker.ask(
+            ask,
+            Box::new(move |d| {
+                let a = match d {
+                    Decision::Approved { grant, by } => Answer::Approved {
+                        grant: match grant {
+                            Grant::Once => "once",
+                            Grant::File => "file",
+                            Grant::ExpandScope => "expand_scope",
+                        },
+                        by,
+                    },
+                    Decision::Rejected { by } => Answer::Rejected { by },
+                    Decision::TimedOut => Answer::TimedOut,
+                };
+                cont(fs.settle(spec, a, started))
+            }),
+        );
     }
 
     /// Apply an answer: grant and ledger it, or refuse. `None` means "re-run".
@@ -89,6 +132,15 @@ impl Fs {
                 match grant {
                     "file" => {
                         g.files.insert((spec.kind, spec.rel.clone()));
+                    }
+                    "expand_scope" => {
+                        // The broker recorded it in pending_scope_updates.json; it applies to
+                        // this identity for its session.
+                        let glob = spec.rel.to_string_lossy().into_owned();
+                        match globset::Glob::new(&globset::escape(&glob)) {
+                            Ok(g2) => g.globs.push((glob, g2.compile_matcher())),
+                            Err(_) => g.files.insert((spec.kind, spec.rel.clone())).then_some(()).unwrap_or(()),
+                        }
                     }
                     _ => g.once.push((spec.kind, spec.rel.clone())),
                 }

@@ -229,6 +229,17 @@ impl InodeTable {
         }
     }
 
+    /// Close every regular file's handle (they re-open on demand). Used when the disk is
+    /// full: a handle on a file deleted outside the mount keeps its space allocated.
+    pub fn evict_regular(&self) {
+        let nodes: Vec<Arc<Node>> = self.inner.lock().nodes.values().cloned().collect();
+        for n in nodes {
+            if n.is_reg() && n.fd.lock().take().is_some() {
+                self.open_count.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Record a kernel lookup of `parent/name`, whose fresh handle and stat are given.
     /// Returns the node (existing for a known inode, e.g. a hard link) with its count raised.
     pub fn lookup(

@@ -25,6 +25,9 @@ struct LessonMsg {
     output: String,
     #[serde(default)]
     intent: Option<String>,
+    /// The agent that ran the command (`run --verify --agent`).
+    #[serde(default)]
+    agent: Option<String>,
 }
 
 /// Remove ANSI escape sequences (colours, cursor moves).
@@ -130,7 +133,7 @@ impl Fs {
         let when = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         let text = format!(
             "\n## Lesson: verification failed ({when})\n{marker}\n\n- intent: {intent}\n- agent: {}\n- command: `{}`\n- exit status: {}\n\n```text\n{}\n```\n",
-            ident.name,
+            msg.agent.as_deref().unwrap_or(&ident.name),
             msg.command.replace('`', "'"),
             msg.status,
             output.replace("```", "'''"),

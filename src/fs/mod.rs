@@ -66,8 +66,10 @@ pub struct FileHandle {
     pub caller: Caller,
     /// Opened with write access.
     pub writable: bool,
-    /// Written since the last ledger entry.
+    /// Changed (written, truncated, created) since the last ledger entry.
     pub dirty: AtomicBool,
+    /// Written through `write`/`fallocate`/`copy_file_range` since the last entry.
+    pub wrote: AtomicBool,
     /// This handle created the file.
     pub created: AtomicBool,
     /// The file's stamp after this handle's last own write (or its open): a different
@@ -75,8 +77,13 @@ pub struct FileHandle {
     pub expected: Mutex<Option<crate::guard::stale::Stamp>>,
     /// The first read was recorded as "seen" for the identity.
     pub read_recorded: AtomicBool,
+    /// The pre-image was taken (at an `O_TRUNC` open, or before the first write).
+    pub pre_captured: AtomicBool,
     /// Content before this handle's writes (text files up to 1 MiB), for line ranges.
     pub pre_image: Mutex<Option<Vec<u8>>>,
+    /// `(intent, policy generation)` the handle's writes were authorized under: a switch of
+    /// intent or a policy reload re-checks before the next write.
+    pub epoch: Mutex<(Option<String>, u64)>,
     /// Hash of the content before this handle's writes, when known.
     pub prev_hash: Mutex<Option<String>>,
 }
@@ -265,6 +272,23 @@ impl Fs {
         Ok(out)
     }
 
+    /// Every name the daemon knows for a node, as workspace-relative paths (no syscalls).
+    pub(crate) fn alias_rels(&self, node: &Node) -> Vec<PathBuf> {
+        let mut out: Vec<PathBuf> = Vec::new();
+        for (parent, name) in node.aliases() {
+            let Some(p) = self.table.get(parent) else { continue };
+            let Some(pp) = self.table.path_of(&p) else { continue };
+            let rel = pp.join(&name);
+            if !out.contains(&rel) {
+                out.push(rel);
+            }
+        }
+        if out.is_empty() {
+            out.push(self.display_rel(node));
+        }
+        out
+    }
+
     /// The path of a node for display and read-side checks (no syscalls).
     pub(crate) fn display_rel(&self, node: &Node) -> PathBuf {
         self.table.path_of(node).unwrap_or_default()
@@ -361,6 +385,9 @@ impl Fs {
 
     /// The breaker tripped: say so loudly (log, ledger, and the human channel).
     fn trip(&self, ident: &Identity, caller: &Caller) {
+        if let approve::Approver::Human(b) = &self.approver {
+            b.announce_trip(&ident.key(), &ident.name, self.breaker.limit as u32);
+        }
         tracing::warn!(agent = %ident.name, identity = %ident.key(), "circuit breaker tripped: mutations refused until reset");
         if let Some(l) = &self.ledger {
             let _ = l.record_nowait(Draft {
@@ -385,6 +412,9 @@ impl Fs {
     ) -> Result<()> {
         let Some(l) = &self.ledger else { return Ok(()) };
         if let Err(e) = l.health() {
+            // Handles on files deleted outside the mount would keep their space allocated
+            // on the full disk: let them go.
+            self.table.evict_regular();
             let d = Denial::new(
                 crate::guard::Code::ProtectedPath,
                 op,
@@ -459,14 +489,14 @@ impl Fs {
         mt: MutationType,
         rel: &Path,
         mut draft: Draft,
-    ) {
+    ) -> Result<()> {
         ident.mutations.fetch_add(1, Ordering::Relaxed);
         self.counters.mutations.fetch_add(1, Ordering::Relaxed);
         // `.git/` internals are not ledgered file by file.
         if rel.starts_with(".git") {
-            return;
+            return Ok(());
         }
-        let Some(l) = &self.ledger else { return };
+        let Some(l) = &self.ledger else { return Ok(()) };
         draft.intent_id = ident.intent();
         draft.agent = Some(self.agent(ident, caller));
         draft.mutation_type = Some(mt);
@@ -475,7 +505,12 @@ impl Fs {
             draft.outcome = "ok".into();
         }
         if let Err(e) = l.record(draft) {
+            // The entry stays queued in memory and is retried; the syscall reports the
+            // failure so nothing is acknowledged before its entry is durable.
             tracing::error!("ledger: cannot record {mt:?} of {}: {e}", rel.display());
+            self.table.evict_regular();
+            return Err(FsError::Os(libc::EIO));
         }
+        Ok(())
     }
 }

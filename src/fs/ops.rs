@@ -132,7 +132,16 @@ impl Fs {
         let (ident, rel) = self.authorize_node(caller, op, &node)?;
         let fd = self.fd(&node)?;
         if a.size.is_some() {
-            self.check_stale(&ident, caller, "truncate", &rel, fd.as_fd())?;
+            // Truncating through the identity's own write handle (`f.truncate()` after
+            // writing) continues that handle's write: the race check applies, not the
+            // comparison with what was read before the handle's own writes.
+            let own = fh
+                .and_then(|fh| self.file_handle(fh).ok())
+                .filter(|h| h.writable && h.identity.key() == ident.key());
+            match own {
+                Some(h) => self.before_modify(&h)?,
+                None => self.check_stale(&ident, caller, "truncate", &rel, fd.as_fd())?,
+            }
         }
         let before = sys::stat_fd(fd.as_fd())?;
         if let Some(mode) = a.mode {
@@ -159,6 +168,8 @@ impl Fs {
                 Some(h) => {
                     h.file.set_len(size)?;
                     h.dirty.store(true, Ordering::Release);
+                    h.wrote.store(true, Ordering::Release);
+                    self.after_write(&h);
                 }
                 None => {
                     let f = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_WRONLY)?;
@@ -183,6 +194,16 @@ impl Fs {
         let after = sys::stat_fd(fd.as_fd())?;
         if node.is_reg() {
             self.note_own_change(&ident, &after);
+            if a.size.is_some() {
+                // A truncate is the identity's own completed change: its view follows.
+                if let Ok(f) = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY) {
+                    if let Ok((hash, stamp)) = self.hashes.hash(&f) {
+                        for r in self.alias_rels(&node) {
+                            ident.saw_own(&r, caller.pid, crate::guard::stale::Seen { stamp, hash });
+                        }
+                    }
+                }
+            }
         }
         let mt = match op {
             "truncate" => MutationType::Truncate,
@@ -203,7 +224,7 @@ impl Fs {
         // Time-only changes are not content mutations worth a ledger line each (every
         // `touch` and `tar x` would double the ledger); they are still authorized above.
         if mt != MutationType::Utimes {
-            self.record(&ident, caller, mt, &rel, draft);
+            self.record(&ident, caller, mt, &rel, draft)?;
         }
         Ok(after)
     }
@@ -287,7 +308,7 @@ impl Fs {
                 detail,
                 ..Default::default()
             },
-        );
+        )?;
         Ok(Entry {
             nodeid: node.nodeid,
             st,
@@ -381,6 +402,12 @@ impl Fs {
         // Both names count: the existing one (a link shares the inode, so writing through
         // the new name changes the old one) and the new one.
         let (ident, from) = self.authorize_node(caller, "link", &node)?;
+        // A new name for a secret is a way to read it under a harmless name.
+        for rel in self.alias_rels(&node) {
+            if let Err(d) = self.guard.check_read(ident.intent().as_deref(), &rel) {
+                self.sensitive_read(&ident, caller, &rel, d)?;
+            }
+        }
         let np = self.node(newparent)?;
         let rel = self.child_rel(&np, newname)?;
         self.authorize_as(&ident, caller, "link", &rel, false)?;
@@ -398,7 +425,7 @@ impl Fs {
                 from: Some(from),
                 ..Default::default()
             },
-        );
+        )?;
         Ok(Entry {
             nodeid: node.nodeid,
             st,
@@ -451,7 +478,7 @@ impl Fs {
                 size: prev,
                 ..Default::default()
             },
-        );
+        )?;
         Ok(())
     }
 
@@ -544,6 +571,12 @@ impl Fs {
         let src = sys::stat_at(pfd.as_fd(), name)?;
         let src_dir = src.st_mode & libc::S_IFMT == libc::S_IFDIR;
         let ident = self.authorize(caller, "rename", &from, src_dir)?;
+        // Renaming a secret to a name that is not sensitive would expose it.
+        if let Err(d) = self.guard.check_read(ident.intent().as_deref(), &from) {
+            if self.guard.check_read(ident.intent().as_deref(), &to).is_ok() {
+                self.sensitive_read(&ident, caller, &from, d)?;
+            }
+        }
         self.authorize_as(&ident, caller, "rename", &to, src_dir)?;
         let dst = sys::stat_at(npfd.as_fd(), newname).ok();
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
@@ -611,7 +644,7 @@ impl Fs {
             },
             ..Default::default()
         };
-        self.record(&ident, caller, MutationType::Rename, &to, draft);
+        self.record(&ident, caller, MutationType::Rename, &to, draft)?;
         Ok(())
     }
 
@@ -633,6 +666,7 @@ impl Fs {
         let acc = flags & libc::O_ACCMODE;
         let writable = acc != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
         let mut write_rel = None;
+        let epoch = self.guard.generation();
         let ident = if writable {
             let (ident, rel) = self.authorize_node(caller, "open-write", &node)?;
             let fd = self.fd(&node)?;
@@ -641,14 +675,25 @@ impl Fs {
             ident
         } else {
             let ident = self.ids.resolve(caller.pid);
-            let rel = self.display_rel(&node);
-            if let Err(d) = self.guard.check_read(ident.intent().as_deref(), &rel) {
-                self.sensitive_read(&ident, caller, &rel, d)?;
+            // Every known name counts: a secret must not be readable through a hard link.
+            for rel in self.alias_rels(&node) {
+                if let Err(d) = self.guard.check_read(ident.intent().as_deref(), &rel) {
+                    self.sensitive_read(&ident, caller, &rel, d)?;
+                }
             }
             ident
         };
         let fd = self.fd(&node)?;
+        // O_TRUNC empties the file inside the open: keep the old content first (line ranges).
+        let pre = if write_rel.is_some() && flags & libc::O_TRUNC != 0 {
+            sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY)
+                .ok()
+                .and_then(|f| super::hash::read_small(&f, super::stale::RANGE_LIMIT))
+        } else {
+            None
+        };
         let file = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), flags)?;
+        let open_intent = h_intent(&write_rel, &ident);
         let h = FileHandle {
             file,
             node,
@@ -657,13 +702,21 @@ impl Fs {
             writable: acc != libc::O_RDONLY,
             dirty: AtomicBool::new(flags & libc::O_TRUNC != 0),
             created: AtomicBool::new(false),
+            wrote: AtomicBool::new(false),
             expected: Mutex::new(None),
             read_recorded: AtomicBool::new(false),
-            pre_image: Mutex::new(None),
+            pre_captured: AtomicBool::new(pre.is_some()),
+            pre_image: Mutex::new(pre),
             prev_hash: Mutex::new(None),
+            epoch: Mutex::new((open_intent, epoch)),
         };
         if let Some(rel) = &write_rel {
             self.prepare_write_handle(&h, rel);
+        } else if acc == libc::O_RDONLY {
+            // An empty file is read in full by opening it (no read request ever comes).
+            if sys::stat_fd(h.file.as_fd()).map(|s| s.st_size == 0).unwrap_or(false) {
+                self.record_read(&h, caller.pid);
+            }
         }
         let fh = self.add_handle(Handle::File(Arc::new(h)));
         Ok((
@@ -706,6 +759,10 @@ impl Fs {
             policy_error: self.guard.reload_error(),
             nodes: self.table.len(),
             open_handles: self.table.open_handles(),
+            pending: match &self.approver {
+                super::approve::Approver::Human(b) => serde_json::to_value(b.pending()).unwrap_or_default(),
+                _ => serde_json::json!([]),
+            },
             counters: serde_json::json!({
                 "lookups": self.counters.lookups.load(Ordering::Relaxed),
                 "opens": self.counters.opens.load(Ordering::Relaxed),
@@ -734,6 +791,7 @@ impl Fs {
         let p = self.node(parent)?;
         let rel = self.child_rel(&p, name)?;
         let ident = self.authorize(caller, "create", &rel, false)?;
+        let ident_intent = ident.intent();
         let pfd = self.fd(&p)?;
         let file = {
             let _cred = sys::FsCred::switch(caller.uid, caller.gid);
@@ -750,10 +808,13 @@ impl Fs {
             writable: flags & libc::O_ACCMODE != libc::O_RDONLY,
             dirty: AtomicBool::new(true),
             created: AtomicBool::new(true),
+            wrote: AtomicBool::new(false),
             expected: Mutex::new(None),
             read_recorded: AtomicBool::new(false),
-            pre_image: Mutex::new(None),
+            pre_captured: AtomicBool::new(true),
+            pre_image: Mutex::new(Some(Vec::new())),
             prev_hash: Mutex::new(None),
+            epoch: Mutex::new((ident_intent, self.guard.generation())),
         };
         self.prepare_write_handle(&h, &rel);
         let fh = self.add_handle(Handle::File(Arc::new(h)));
@@ -795,10 +856,13 @@ impl Fs {
             return self.write_ctl(caller, &c, offset, data);
         }
         let h = self.file_handle(fh)?;
-        self.check_write_race(&h)?;
-        h.file.write_all_at(data, offset)?;
+        self.before_modify(&h)?;
+        let r = h.file.write_all_at(data, offset);
         h.dirty.store(true, Ordering::Release);
+        h.wrote.store(true, Ordering::Release);
+        // Even a failed write (ENOSPC) may have moved mtime: it was this handle's own doing.
         self.after_write(&h);
+        r?;
         Ok(data.len())
     }
 
@@ -851,7 +915,12 @@ impl Fs {
         }
         let h = self.file_handle(fh)?;
         // close(2) waits for flush: ledgering here means a returned close() is on record.
-        self.record_write(&h);
+        // Only a handle that wrote since its last entry records here: `echo x > f` closes a
+        // duplicate of the truncating fd before writing, which must not make an entry of
+        // the empty file. A truncate-only or create-only handle records at release.
+        if h.wrote.load(Ordering::Acquire) {
+            self.record_write(&h)?;
+        }
         Ok(())
     }
 
@@ -865,7 +934,7 @@ impl Fs {
 
     pub fn release(&self, fh: u64) -> Result<()> {
         if let Some(Handle::File(h)) = self.take_handle(fh) {
-            self.record_write(&h);
+            self.record_write(&h)?;
         }
         Ok(())
     }
@@ -875,9 +944,10 @@ impl Fs {
         if !h.writable {
             return err(libc::EBADF);
         }
-        self.check_write_race(&h)?;
+        self.before_modify(&h)?;
         sys::fallocate(&h.file, mode, offset, len)?;
         h.dirty.store(true, Ordering::Release);
+        h.wrote.store(true, Ordering::Release);
         self.after_write(&h);
         Ok(())
     }
@@ -896,9 +966,10 @@ impl Fs {
         if !ho.writable {
             return err(libc::EBADF);
         }
-        self.check_write_race(&ho)?;
+        self.before_modify(&ho)?;
         let n = sys::copy_file_range(&hi.file, off_in, &ho.file, off_out, len, flags)?;
         ho.dirty.store(true, Ordering::Release);
+        ho.wrote.store(true, Ordering::Release);
         self.after_write(&ho);
         Ok(n)
     }
@@ -960,9 +1031,10 @@ impl Fs {
         }
         let d = self.dir_handle(fh)?;
         let mut ds = d.lock();
-        // Offsets are the backing directory's own d_off values. The virtual `.intentfs` entry
-        // is listed right after `.` with the same offset (resuming there continues after
-        // both); ext4 uses i64::MAX as its end marker, so no made-up offset is safe.
+        // Offsets are the backing directory's own d_off values (ext4 uses i64::MAX as its
+        // end marker, so no made-up offset is safe). The virtual `.intentfs` is reachable by
+        // name but not listed: `git add -A`, `tar`, `rsync` and `find` of the mount must not
+        // pick up the handshake files. A real `.intentfs` in the workspace is hidden.
         ds.seek(offset);
         while let Some(e) = ds.next_entry()? {
             let name = OsStr::from_bytes(&e.name);
@@ -975,17 +1047,6 @@ impl Fs {
                 e.ino
             };
             if add(ino, e.offset, e.kind, name) {
-                break;
-            }
-            if nodeid == ROOT
-                && e.name == b"."
-                && add(
-                    control::DIR_INO,
-                    e.offset,
-                    libc::DT_DIR,
-                    OsStr::new(control::DIR_NAME),
-                )
-            {
                 break;
             }
         }
@@ -1059,7 +1120,7 @@ impl Fs {
             detail: Some(serde_json::json!({ "op": op, "name": name.to_string_lossy() })),
             ..Default::default()
         };
-        self.record(&ident, caller, MutationType::Xattr, &rel, draft);
+        self.record(&ident, caller, MutationType::Xattr, &rel, draft)?;
         Ok(())
     }
 }
@@ -1115,4 +1176,9 @@ impl Fs {
             denial: d,
         })))
     }
+}
+
+/// The intent a write handle was authorized under (none for read-only handles).
+fn h_intent(write_rel: &Option<PathBuf>, ident: &crate::guard::Identity) -> Option<String> {
+    write_rel.as_ref().and_then(|_| ident.intent())
 }

@@ -20,7 +20,7 @@ use crate::guard::{Code, Denial, Identity};
 use crate::ledger::{changed_ranges, Draft, MutationType};
 
 /// Files larger than this get no pre-image and no line ranges.
-const RANGE_LIMIT: u64 = 1024 * 1024;
+pub(crate) const RANGE_LIMIT: u64 = 1024 * 1024;
 
 /// The stamp compared between writes: identity and content-changing fields only.
 fn race_stamp(st: &sys::Stat) -> Stamp {
@@ -151,12 +151,14 @@ impl Fs {
         if h.read_recorded.swap(true, Ordering::AcqRel) {
             return;
         }
-        let rel = self.display_rel(&h.node);
-        if untracked(&rel) {
+        let rels: Vec<_> = self.alias_rels(&h.node).into_iter().filter(|r| !untracked(r)).collect();
+        if rels.is_empty() {
             return;
         }
         if let Ok((hash, stamp)) = self.hashes.hash(&h.file) {
-            h.identity.saw(&rel, pid, Seen { stamp, hash });
+            for rel in &rels {
+                h.identity.saw(rel, pid, Seen { stamp, hash });
+            }
         }
     }
 
@@ -209,8 +211,9 @@ impl Fs {
         lw.insert((s.dev, s.ino), (ident.key(), s));
     }
 
-    /// At open-for-write: remember the content before (for line ranges and the ledger's
-    /// `prev_content_hash`) and the stamp to compare later writes against.
+    /// At open-for-write: remember the stamp to compare later writes against, and the
+    /// previous content hash when the cache already knows it (never reads the file: the
+    /// pre-image for line ranges is taken at the first write, see [`Fs::before_modify`]).
     pub(crate) fn prepare_write_handle(&self, h: &FileHandle, rel: &Path) {
         if let Ok(st) = sys::stat_fd(h.file.as_fd()) {
             *h.expected.lock() = Some(race_stamp(&st));
@@ -220,25 +223,47 @@ impl Fs {
             if let Some(hh) = self.hashes.cached(&stamp_of(&st)) {
                 *h.prev_hash.lock() = Some(hash::to_string(&hh));
             }
-            if let Ok(fd) = self.fd(&h.node) {
-                if let Ok(f) = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY) {
-                    if let Some(bytes) = hash::read_small(&f, RANGE_LIMIT) {
-                        if h.prev_hash.lock().is_none() {
-                            *h.prev_hash.lock() = Some(crate::ledger::sha256_bytes(&bytes));
+        }
+    }
+
+    /// Before a handle changes the file (write, fallocate, copy_file_range): re-authorize if
+    /// the identity switched intent or the policy reloaded since the handle was opened,
+    /// refuse if someone else wrote in between, and take the pre-image at the first change.
+    pub(crate) fn before_modify(&self, h: &FileHandle) -> Result<()> {
+        let now = (h.identity.intent(), self.guard.generation());
+        if *h.epoch.lock() != now {
+            match self.authorize_node(&h.caller, "write", &h.node) {
+                Ok(_) => *h.epoch.lock() = now,
+                Err(FsError::Ask(spec)) => return Err(self.deny(&spec.ident, &spec.caller, spec.denial)),
+                Err(e) => return Err(e),
+            }
+        }
+        self.check_write_race(h)?;
+        if !h.pre_captured.swap(true, Ordering::AcqRel) {
+            let rel = self.display_rel(&h.node);
+            if !untracked(&rel) {
+                if let Ok(fd) = self.fd(&h.node) {
+                    if let Ok(f) = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY) {
+                        if let Some(bytes) = hash::read_small(&f, RANGE_LIMIT) {
+                            if h.prev_hash.lock().is_none() {
+                                *h.prev_hash.lock() = Some(crate::ledger::sha256_bytes(&bytes));
+                            }
+                            *h.pre_image.lock() = Some(bytes);
                         }
-                        *h.pre_image.lock() = Some(bytes);
                     }
                 }
             }
         }
+        Ok(())
     }
 
     /// Ledger a handle's writes if it wrote since its last entry, and record the result as
     /// seen by its identity (its own writes never make it stale).
-    pub(crate) fn record_write(&self, h: &FileHandle) {
+    pub(crate) fn record_write(&self, h: &FileHandle) -> Result<()> {
         if !h.dirty.swap(false, Ordering::AcqRel) {
-            return;
+            return Ok(());
         }
+        h.wrote.store(false, Ordering::Release);
         let rel = self
             .node_rels(&h.node)
             .ok()
@@ -288,13 +313,16 @@ impl Fs {
             if let Some((h32, stamp)) = result {
                 draft.content_hash = Some(hash::to_string(&h32));
                 draft.size = Some(stamp.size);
-                if !untracked(&rel) {
-                    h.identity
-                        .saw(&rel, h.caller.pid, Seen { stamp, hash: h32 });
+                // The identity's own completed write supersedes every older view, under
+                // every name of the file.
+                for alias in self.alias_rels(&h.node).into_iter().chain(std::iter::once(rel.clone())) {
+                    if !untracked(&alias) {
+                        h.identity.saw_own(&alias, h.caller.pid, Seen { stamp, hash: h32 });
+                    }
                 }
                 draft.prev_content_hash = h.prev_hash.lock().replace(hash::to_string(&h32));
             }
         }
-        self.record(&h.identity, &h.caller, MutationType::Write, &rel, draft);
+        self.record(&h.identity, &h.caller, MutationType::Write, &rel, draft)
     }
 }

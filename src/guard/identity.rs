@@ -185,6 +185,12 @@ impl Identity {
         }
     }
 
+    /// Record the identity's own completed change: it supersedes every older view (an
+    /// identity never goes stale against itself).
+    pub fn saw_own(&self, rel: &Path, pid: u32, s: Seen) {
+        self.seen.lock().insert(rel.to_path_buf(), SeenBy { recs: [Some((pid, s)), None] });
+    }
+
     /// Exchange what was seen under two paths (RENAME_EXCHANGE).
     pub fn swap_paths(&self, a: &Path, b: &Path) {
         let mut m = self.seen.lock();

@@ -176,6 +176,8 @@ pub struct Rules {
 /// The decision maker for one mount.
 pub struct Guard {
     rules: RwLock<Arc<Rules>>,
+    /// Bumped at every reload: open write handles re-check their authorization.
+    generation: std::sync::atomic::AtomicU64,
     /// The last reload error, shown in `.intentfs/status` until a reload succeeds.
     reload_error: Mutex<Option<String>>,
 }
@@ -184,8 +186,14 @@ impl Guard {
     pub fn new(rules: Rules) -> Guard {
         Guard {
             rules: RwLock::new(Arc::new(rules)),
+            generation: std::sync::atomic::AtomicU64::new(0),
             reload_error: Mutex::new(None),
         }
+    }
+
+    /// How many times the rules were replaced.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The rules in force (a cheap `Arc` clone; never held across a syscall).
@@ -196,6 +204,7 @@ impl Guard {
     /// Install newly loaded rules.
     pub fn replace(&self, rules: Rules) {
         *self.rules.write() = Arc::new(rules);
+        self.generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         *self.reload_error.lock() = None;
     }
 
@@ -276,6 +285,11 @@ impl Guard {
                  or ask the human to resume this one."
                     .into(),
             ));
+        }
+        // The rest of `.git/` stays writable for every intent so agents can commit (hooks
+        // and config were refused above as always protected).
+        if rel.starts_with(".git") && rel != Path::new(".git") {
+            return Ok("git internals (.git/) are writable by every intent".into());
         }
         if let Some(rule) = rules.ignore.matched(rel, is_dir) {
             return Err(Denial::new(

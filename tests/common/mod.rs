@@ -6,7 +6,7 @@
 
 #![allow(dead_code)]
 
-use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering as AtOrd};
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -21,6 +21,14 @@ pub const ALLOW_ALL: &str = include_str!("../../policies/allow-all.yaml");
 /// INT-001 `src/auth/**`, `src/middleware/jwt.ts`, `tests/auth/**`; INT-002 `docs/`,
 /// `README.md`; INT-003 PAUSED.
 pub const EXAMPLE: &str = include_str!("../../policies/example.yaml");
+
+/// The example policy with `approval.out_of_scope: deny`: out-of-scope writes are refused
+/// outright (SCOPE_VIOLATION) instead of asking a human, whatever `--approver` says.
+pub fn example_deny() -> String {
+    let s = EXAMPLE.replacen("out_of_scope: ask", "out_of_scope: deny", 1);
+    assert_ne!(s, EXAMPLE, "policies/example.yaml no longer has `out_of_scope: ask`");
+    s
+}
 
 /// Workspace-relative location of the default policy file.
 pub const POLICY_REL: &str = ".orchestration/active_intents.yaml";
@@ -121,6 +129,7 @@ pub struct Builder {
     files: Vec<(String, Vec<u8>)>,
     setup: Vec<Setup>,
     daemonize: bool,
+    shm: bool,
 }
 
 impl Builder {
@@ -139,7 +148,8 @@ impl Builder {
         self.agent = name.to_string();
         self
     }
-    /// Any extra argument to `intentfs mount`.
+    /// Any extra argument to `intentfs mount` (`{ws}` and `{root}` are replaced by the
+    /// workspace and temp dir paths).
     pub fn arg(mut self, a: impl Into<OsString>) -> Self {
         self.args.push(a.into());
         self
@@ -156,6 +166,12 @@ impl Builder {
         self.setup.push(Box::new(f));
         self
     }
+    /// Put the workspace on tmpfs (`/dev/shm`, when usable): creating tens of thousands of
+    /// files there is much faster than on a journaling disk.
+    pub fn on_tmpfs(mut self) -> Self {
+        self.shm = true;
+        self
+    }
     /// Use the daemonizing `intentfs mount` (no `--foreground`).
     pub fn daemonize(mut self) -> Self {
         self.daemonize = true;
@@ -163,10 +179,18 @@ impl Builder {
     }
 
     pub fn mount(self) -> TestMount {
-        let dir = tempfile::Builder::new()
-            .prefix("intentfs-test-")
-            .tempdir()
-            .expect("tempdir");
+        let shm = Path::new("/dev/shm");
+        let dir = if self.shm && shm.is_dir() {
+            tempfile::Builder::new().prefix("intentfs-test-").tempdir_in(shm).ok()
+        } else {
+            None
+        };
+        let dir = dir.unwrap_or_else(|| {
+            tempfile::Builder::new()
+                .prefix("intentfs-test-")
+                .tempdir()
+                .expect("tempdir")
+        });
         let root = dir.path().canonicalize().unwrap();
         let ws = root.join("ws");
         let mnt = root.join("mnt");
@@ -190,7 +214,20 @@ impl Builder {
         }
         args.push("--agent".into());
         args.push(self.agent.clone().into());
-        args.extend(self.args.iter().cloned());
+        // `{ws}` and `{root}` in arguments stand for the workspace and the temp dir.
+        for a in &self.args {
+            let t = a
+                .to_string_lossy()
+                .replace("{ws}", &ws.to_string_lossy())
+                .replace("{root}", &root.to_string_lossy());
+            args.push(t.into());
+        }
+        // Tests answer approvals unattended (refuse at once) unless they choose a channel:
+        // the daemon's own default (desktop or cli) would wait for a person.
+        if !args.iter().any(|a| a.to_string_lossy().starts_with("--approver")) {
+            args.push("--approver".into());
+            args.push("deny".into());
+        }
         let mut tm = TestMount {
             ws,
             mnt,
@@ -198,7 +235,7 @@ impl Builder {
             args,
             daemonize: self.daemonize,
             child: None,
-            seen_denials: Cell::new(0),
+            seen_denials: AtomicU64::new(0),
             _dir: dir,
         };
         tm.start();
@@ -217,7 +254,7 @@ pub struct TestMount {
     args: Vec<OsString>,
     daemonize: bool,
     child: Option<Child>,
-    seen_denials: Cell<u64>,
+    seen_denials: AtomicU64,
     _dir: tempfile::TempDir,
 }
 
@@ -231,6 +268,7 @@ impl TestMount {
             files: Vec::new(),
             setup: Vec::new(),
             daemonize: false,
+            shm: false,
         }
     }
 
@@ -308,35 +346,59 @@ impl TestMount {
 
     /// Unmount and wait for the daemon to exit (it writes the UNMOUNT ledger entry last).
     pub fn stop(&mut self) {
+        // `intentfs umount` waits for the daemon's pid to disappear; a foreground daemon is
+        // our child, so reap it meanwhile (a zombie still answers kill(pid, 0)).
+        let mut umount = None;
         if is_mounted(&self.mnt) {
-            let ok = intentfs()
+            umount = intentfs()
                 .arg("umount")
                 .arg(&self.mnt)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false);
-            if !ok {
-                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-            }
+                .spawn()
+                .ok();
         }
-        if let Some(mut c) = self.child.take() {
-            let start = Instant::now();
-            loop {
-                match c.try_wait() {
-                    Ok(Some(_)) => break,
-                    Ok(None) if start.elapsed() < Duration::from_secs(10) => {
-                        std::thread::sleep(Duration::from_millis(10))
-                    }
-                    _ => {
-                        let _ = c.kill();
-                        let _ = c.wait();
-                        break;
-                    }
+        let start = Instant::now();
+        let mut child_done = self.child.is_none();
+        let mut umount_ok = umount.is_none();
+        loop {
+            if !child_done {
+                if let Some(c) = self.child.as_mut() {
+                    child_done = matches!(c.try_wait(), Ok(Some(_)) | Err(_));
                 }
             }
+            if let Some(u) = umount.as_mut() {
+                match u.try_wait() {
+                    Ok(Some(st)) => {
+                        umount_ok = st.success();
+                        umount = None;
+                        if !umount_ok {
+                            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(_) => umount = None,
+                }
+            }
+            if child_done && umount.is_none() {
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                if let Some(mut u) = umount.take() {
+                    let _ = u.kill();
+                    let _ = u.wait();
+                }
+                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+                if let Some(c) = self.child.as_mut() {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
+        let _ = umount_ok;
+        self.child = None;
     }
 
     /// Unmount and mount again with the same arguments.
@@ -458,10 +520,10 @@ impl TestMount {
     pub fn assert_new_denial(&self, code: &str) -> serde_json::Value {
         let n = self.denials();
         assert!(
-            n > self.seen_denials.get(),
+            n > self.seen_denials.load(AtOrd::Relaxed),
             "expected a new {code} denial, but the denial count did not grow ({n})"
         );
-        self.seen_denials.set(n);
+        self.seen_denials.store(n, AtOrd::Relaxed);
         let le = self.last_error();
         assert_eq!(le["code"], code, "last_error: {le:#}");
         for k in ["path", "message", "remedy", "op"] {
@@ -510,10 +572,28 @@ pub fn put(path: &Path, content: impl AsRef<[u8]>) {
     std::fs::write(path, content).unwrap();
 }
 
-/// The `(relative path, kind, contents or link target)` of every entry below `root`,
-/// sorted, skipping `skip` names at the top level.
-pub fn tree(root: &Path, skip: &[&str]) -> Vec<(String, String, Vec<u8>, u32)> {
-    fn walk(root: &Path, dir: &Path, skip: &[&str], out: &mut Vec<(String, String, Vec<u8>, u32)>) {
+/// Compact description of file contents for tree comparisons: the text when short,
+/// else its length and a hash prefix.
+pub fn describe(b: &[u8]) -> String {
+    match std::str::from_utf8(b) {
+        Ok(s) if s.len() <= 64 => format!("{s:?}"),
+        _ => {
+            use sha2::Digest;
+            let h = hex::encode(sha2::Sha256::digest(b));
+            format!("{} bytes sha256:{}", b.len(), &h[..16])
+        }
+    }
+}
+
+/// `(relative path, kind, contents or link target, permission bits)` of every entry below
+/// `root`, sorted, skipping the `skip` names at the top level.
+pub fn tree(root: &Path, skip: &[&str]) -> Vec<(String, &'static str, String, u32)> {
+    fn walk(
+        root: &Path,
+        dir: &Path,
+        skip: &[&str],
+        out: &mut Vec<(String, &'static str, String, u32)>,
+    ) {
         let mut names: Vec<_> = std::fs::read_dir(dir)
             .unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display()))
             .map(|e| e.unwrap().file_name())
@@ -530,17 +610,12 @@ pub fn tree(root: &Path, skip: &[&str]) -> Vec<(String, String, Vec<u8>, u32)> {
             let ft = md.file_type();
             if ft.is_symlink() {
                 let t = std::fs::read_link(&p).unwrap();
-                out.push((
-                    rel,
-                    "link".into(),
-                    t.into_os_string().into_encoded_bytes(),
-                    0,
-                ));
+                out.push((rel, "link", t.to_string_lossy().into_owned(), 0));
             } else if ft.is_dir() {
-                out.push((rel, "dir".into(), Vec::new(), mode));
+                out.push((rel, "dir", String::new(), mode));
                 walk(root, &p, skip, out);
             } else {
-                out.push((rel, "file".into(), std::fs::read(&p).unwrap(), mode));
+                out.push((rel, "file", describe(&std::fs::read(&p).unwrap()), mode));
             }
         }
     }

@@ -1,0 +1,321 @@
+//! The CLI channel: a Unix stream socket in the mount's runtime directory (outside the
+//! workspace and the mount), one JSON request per line, one JSON response per line.
+//!
+//! ```text
+//! {"cmd":"list"}                                  -> {"ok":true,"pending":[PendingInfo...]}
+//! {"cmd":"approve","id":N,"grant":"once|file|expand_scope"}   -> {"ok":true}
+//! {"cmd":"reject","id":N}                         -> {"ok":true}
+//! {"cmd":"reset","identity":"session:123"}        -> {"ok":true}
+//! any failure                                     -> {"ok":false,"error":"..."}
+//! ```
+//!
+//! Only the mount owner's uid and root may use it, so an agent running under another uid
+//! cannot approve its own requests: the socket file is mode 0600, and every connection's
+//! `SO_PEERCRED` is checked anyway (a mode can be changed; the kernel's word cannot).
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::broker::Inner;
+use super::{Decision, Grant, PendingInfo};
+
+/// A client that sends nothing for this long is disconnected.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest request line accepted.
+const MAX_LINE: u64 = 64 * 1024;
+
+/// One request line.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "cmd", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// List pending requests.
+    List,
+    /// Approve request `id` with `grant` (default `once`).
+    Approve {
+        id: u64,
+        #[serde(default = "once")]
+        grant: Grant,
+    },
+    /// Reject request `id`.
+    Reject { id: u64 },
+    /// Reset the circuit breaker of `identity`.
+    Reset { identity: String },
+}
+
+fn once() -> Grant {
+    Grant::Once
+}
+
+/// One response line.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Response {
+    /// Whether the request succeeded.
+    pub ok: bool,
+    /// For `list`: the pending requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<Vec<PendingInfo>>,
+    /// Why it failed, for a person (lower-case, with a hint where one helps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Response {
+    fn ok() -> Response {
+        Response {
+            ok: true,
+            ..Default::default()
+        }
+    }
+    fn err(msg: impl Into<String>) -> Response {
+        Response {
+            ok: false,
+            pending: None,
+            error: Some(msg.into()),
+        }
+    }
+}
+
+/// Sends one request to the socket at `path` and reads the response.
+pub fn call(path: &Path, req: &Request) -> io::Result<Response> {
+    let mut s = UnixStream::connect(path)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut line = serde_json::to_string(req).map_err(io::Error::other)?;
+    line.push('\n');
+    s.write_all(line.as_bytes())?;
+    let mut reply = String::new();
+    BufReader::new(&s).take(16 << 20).read_line(&mut reply)?;
+    if reply.trim().is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the daemon closed the approval socket without answering",
+        ));
+    }
+    serde_json::from_str(&reply).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad answer from the daemon: {e}"),
+        )
+    })
+}
+
+/// The running socket server.
+pub(crate) struct Server {
+    /// The socket file, removed at stop.
+    path: PathBuf,
+    /// The listening socket, shared with the accept loop so its fd stays open (and is never
+    /// reused) until both are done; shut down at stop to wake `accept`.
+    listener: Arc<UnixListener>,
+    /// Tells the accept loop to exit.
+    stop: Arc<AtomicBool>,
+    /// The accept loop.
+    thread: JoinHandle<()>,
+}
+
+impl Server {
+    /// Binds `path` (mode 0600, replacing a stale socket) and serves it on a thread.
+    pub(crate) fn start(inner: Arc<Inner>, path: &Path) -> io::Result<Server> {
+        if let Some(dir) = path.parent() {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)?;
+        }
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)?,
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!(
+                        "{} exists and is not a socket: refusing to replace it",
+                        path.display()
+                    ),
+                ))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let listener = Arc::new(UnixListener::bind(path)?);
+        // Between bind and chmod the file has the umask's mode; the peer check below is
+        // what actually guards every connection.
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (l2, stop2) = (listener.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("intentfs-approval-socket".into())
+            .spawn(move || accept_loop(&l2, inner, &stop2))?;
+        tracing::info!(socket = %path.display(), "approval socket listening");
+        Ok(Server {
+            path: path.to_path_buf(),
+            listener,
+            stop,
+            thread,
+        })
+    }
+
+    /// Stops accepting, joins the accept loop and removes the socket file.
+    pub(crate) fn stop(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // SAFETY: the fd belongs to `self.listener`, open for as long as we hold it.
+        // shutdown(2) on a listening socket makes a blocked accept(2) return on Linux.
+        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        let _ = self.thread.join();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn accept_loop(listener: &UnixListener, inner: Arc<Inner>, stop: &AtomicBool) {
+    loop {
+        let conn = listener.accept();
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let stream = match conn {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                // EMFILE and friends: do not spin.
+                tracing::warn!("approval socket accept: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        let uid = match peer_uid(&stream) {
+            Ok(uid) => uid,
+            Err(e) => {
+                tracing::warn!("approval socket: cannot read the peer's credentials: {e}");
+                continue;
+            }
+        };
+        if uid != 0 && uid != inner.cfg.owner_uid {
+            tracing::warn!(
+                uid,
+                "approval socket: refused a connection from another uid"
+            );
+            let r = Response::err(format!(
+                "permission denied: uid {uid} may not use the approval socket of this mount \
+                 (owner uid {}); only the mount's owner and root decide approvals",
+                inner.cfg.owner_uid
+            ));
+            let _ = write_response(&stream, &r);
+            continue;
+        }
+        let inner = inner.clone();
+        let spawned = std::thread::Builder::new()
+            .name("intentfs-approval-client".into())
+            .spawn(move || serve_client(stream, &inner, uid));
+        if let Err(e) = spawned {
+            tracing::warn!("approval socket: cannot start a client thread: {e}");
+        }
+    }
+}
+
+/// The uid of the process at the other end, from the kernel.
+fn peer_uid(s: &UnixStream) -> io::Result<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes and `len` is the size of `cred`.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.uid)
+}
+
+fn write_response(mut s: &UnixStream, r: &Response) -> io::Result<()> {
+    let mut line = serde_json::to_string(r).map_err(io::Error::other)?;
+    line.push('\n');
+    s.write_all(line.as_bytes())
+}
+
+fn serve_client(stream: UnixStream, inner: &Inner, uid: u32) {
+    let _ = stream.set_read_timeout(Some(IDLE_TIMEOUT));
+    let mut reader = BufReader::new(&stream);
+    loop {
+        let mut line = String::new();
+        match (&mut reader).take(MAX_LINE).read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        let r = match serde_json::from_str::<Request>(&line) {
+            Ok(req) => handle(inner, req, uid),
+            Err(e) => Response::err(format!("bad request: {e}")),
+        };
+        if write_response(&stream, &r).is_err() {
+            return;
+        }
+    }
+}
+
+/// Executes one request for a peer already known to be the owner or root.
+fn handle(inner: &Inner, req: Request, uid: u32) -> Response {
+    let by = format!("cli:uid={uid}");
+    let gone = |id: u64| {
+        Response::err(format!("no pending request {id}: already decided or timed out\nhint: `intentfs approvals` lists pending requests"))
+    };
+    match req {
+        Request::List => Response { ok: true, pending: Some(inner.pending()), error: None },
+        Request::Approve { id, grant } => {
+            let Some((kind, intent)) = inner.peek(id) else { return gone(id) };
+            if !kind.allows(grant) {
+                return Response::err(format!(
+                    "request {id} is a {} request: grant {} does not apply\nhint: {}",
+                    kind.as_str(),
+                    grant.as_str(),
+                    if kind.allows(Grant::File) { "--for-file or no flag" } else { "approve it without --for-file/--expand-scope" }
+                ));
+            }
+            if grant == Grant::ExpandScope && intent.is_none() {
+                return Response::err(format!(
+                    "request {id} has no intent selected: there is no scope to expand\nhint: approve with --for-file or no flag"
+                ));
+            }
+            if inner.decide(id, Decision::Approved { grant, by }) {
+                Response::ok()
+            } else {
+                gone(id)
+            }
+        }
+        Request::Reject { id } => {
+            if inner.decide(id, Decision::Rejected { by }) {
+                Response::ok()
+            } else {
+                gone(id)
+            }
+        }
+        Request::Reset { identity } => match inner.reset(&identity) {
+            Some(true) => Response::ok(),
+            Some(false) => Response::err(format!(
+                "no identity {identity:?} on this mount\nhint: identities are `default` or `session:<sid>`; `cat MOUNT/.intentfs/status` lists them"
+            )),
+            None => Response::err("this mount has no circuit breaker to reset"),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests;
