@@ -124,7 +124,6 @@ fn timespec(t: Option<TimeOrNow>) -> crate::fs::sys::TimeSpec {
     })
 }
 
-
 /// A reply that can carry an error (every reply type the governed operations use).
 trait ErrReply: Send + 'static {
     fn fail(self, e: Errno);
@@ -257,7 +256,12 @@ impl Filesystem for FuseFs {
         reply: ReplyEntry,
     ) {
         let (c, name) = (caller(req), name.to_os_string());
-        governed(self.fs.clone(), reply, move |fs| fs.mknod(&c, parent.0, &name, mode, umask, rdev), reply_entry);
+        governed(
+            self.fs.clone(),
+            reply,
+            move |fs| fs.mknod(&c, parent.0, &name, mode, umask, rdev),
+            reply_entry,
+        );
     }
 
     fn mkdir(
@@ -270,17 +274,32 @@ impl Filesystem for FuseFs {
         reply: ReplyEntry,
     ) {
         let (c, name) = (caller(req), name.to_os_string());
-        governed(self.fs.clone(), reply, move |fs| fs.mkdir(&c, parent.0, &name, mode, umask), reply_entry);
+        governed(
+            self.fs.clone(),
+            reply,
+            move |fs| fs.mkdir(&c, parent.0, &name, mode, umask),
+            reply_entry,
+        );
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (c, name) = (caller(req), name.to_os_string());
-        governed(self.fs.clone(), reply, move |fs| fs.unlink(&c, parent.0, &name, false), |r, ()| r.ok());
+        governed(
+            self.fs.clone(),
+            reply,
+            move |fs| fs.unlink(&c, parent.0, &name, false),
+            |r, ()| r.ok(),
+        );
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (c, name) = (caller(req), name.to_os_string());
-        governed(self.fs.clone(), reply, move |fs| fs.unlink(&c, parent.0, &name, true), |r, ()| r.ok());
+        governed(
+            self.fs.clone(),
+            reply,
+            move |fs| fs.unlink(&c, parent.0, &name, true),
+            |r, ()| r.ok(),
+        );
     }
 
     fn symlink(
@@ -292,7 +311,12 @@ impl Filesystem for FuseFs {
         reply: ReplyEntry,
     ) {
         let (c, name, target) = (caller(req), link_name.to_os_string(), target.to_path_buf());
-        governed(self.fs.clone(), reply, move |fs| fs.symlink(&c, parent.0, &name, &target), reply_entry);
+        governed(
+            self.fs.clone(),
+            reply,
+            move |fs| fs.symlink(&c, parent.0, &name, &target),
+            reply_entry,
+        );
     }
 
     fn rename(
@@ -305,7 +329,12 @@ impl Filesystem for FuseFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let (c, name, newname, flags) = (caller(req), name.to_os_string(), newname.to_os_string(), flags.bits());
+        let (c, name, newname, flags) = (
+            caller(req),
+            name.to_os_string(),
+            newname.to_os_string(),
+            flags.bits(),
+        );
         governed(
             self.fs.clone(),
             reply,
@@ -323,7 +352,12 @@ impl Filesystem for FuseFs {
         reply: ReplyEntry,
     ) {
         let (c, newname) = (caller(req), newname.to_os_string());
-        governed(self.fs.clone(), reply, move |fs| fs.link(&c, ino.0, newparent.0, &newname), reply_entry);
+        governed(
+            self.fs.clone(),
+            reply,
+            move |fs| fs.link(&c, ino.0, newparent.0, &newname),
+            reply_entry,
+        );
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -508,7 +542,12 @@ impl Filesystem for FuseFs {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (c, name) = (caller(req), name.to_os_string());
-        governed(self.fs.clone(), reply, move |fs| fs.removexattr(&c, ino.0, &name), |r, ()| r.ok());
+        governed(
+            self.fs.clone(),
+            reply,
+            move |fs| fs.removexattr(&c, ino.0, &name),
+            |r, ()| r.ok(),
+        );
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
@@ -530,7 +569,15 @@ impl Filesystem for FuseFs {
             self.fs.clone(),
             reply,
             move |fs| fs.create(&c, parent.0, &name, mode, umask, flags),
-            |r, (e, fh, o)| r.created(&TTL, &attr(e.nodeid, &e.st), Generation(0), FileHandle(fh), fopen(o)),
+            |r, (e, fh, o)| {
+                r.created(
+                    &TTL,
+                    &attr(e.nodeid, &e.st),
+                    Generation(0),
+                    FileHandle(fh),
+                    fopen(o),
+                )
+            },
         );
     }
 

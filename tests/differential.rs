@@ -169,7 +169,9 @@ fn exec(base: &Path, op: &Op) -> R {
         Op::Unlink(f) => io(std::fs::remove_file(p(f)), |_| String::new()),
         Op::Link(a, b) => io(std::fs::hard_link(p(a), p(b)), |_| String::new()),
         Op::Symlink(target, l) => io(std::os::unix::fs::symlink(target, p(l)), |_| String::new()),
-        Op::Readlink(l) => io(std::fs::read_link(p(l)), |t| t.to_string_lossy().into_owned()),
+        Op::Readlink(l) => io(std::fs::read_link(p(l)), |t| {
+            t.to_string_lossy().into_owned()
+        }),
         Op::Chmod(f, mode) => io(
             std::fs::set_permissions(p(f), std::fs::Permissions::from_mode(*mode)),
             |_| String::new(),
@@ -328,7 +330,14 @@ impl Gen<'_> {
             6 => {
                 let f = self.existing(Some(false));
                 let len = self.rng.below(50);
-                Op::TruncPath(f, if self.nonzero_path_truncate { len + 1 } else { len })
+                Op::TruncPath(
+                    f,
+                    if self.nonzero_path_truncate {
+                        len + 1
+                    } else {
+                        len
+                    },
+                )
             }
             7 | 8 => {
                 let a = self.existing(None);
@@ -349,7 +358,9 @@ impl Gen<'_> {
                 let all = entries(self.reference);
                 let empty: Vec<&String> = all
                     .iter()
-                    .filter(|(p, d)| *d && !all.iter().any(|(q, _)| q.starts_with(&format!("{p}/"))))
+                    .filter(|(p, d)| {
+                        *d && !all.iter().any(|(q, _)| q.starts_with(&format!("{p}/")))
+                    })
                     .map(|(p, _)| p)
                     .collect();
                 if !empty.is_empty() && self.rng.chance(60) {
@@ -372,7 +383,11 @@ impl Gen<'_> {
             14 => {
                 let l = self.fresh();
                 let depth = l.matches('/').count();
-                let target = format!("{}{}", "../".repeat(self.rng.below(depth as u64 + 1) as usize), random_path(&mut self.rng));
+                let target = format!(
+                    "{}{}",
+                    "../".repeat(self.rng.below(depth as u64 + 1) as usize),
+                    random_path(&mut self.rng)
+                );
                 Op::Symlink(target, l)
             }
             15 => Op::Readlink(self.existing(None)),
@@ -427,10 +442,7 @@ fn paths_of(op: &Op) -> Vec<&str> {
 /// its own changes.
 /// `links`: include hard links in the sequence.
 fn run(seed: u64, steps: u64, pre_read: bool, links: bool) {
-    let tm = TestMount::builder()
-        .policy(ALLOW_ALL)
-        .intent("ALL")
-        .mount();
+    let tm = TestMount::builder().policy(ALLOW_ALL).intent("ALL").mount();
     let plain_dir = tempfile::Builder::new()
         .prefix("intentfs-plain-")
         .tempdir()
@@ -477,7 +489,11 @@ fn run(seed: u64, steps: u64, pre_read: bool, links: bool) {
         let got = exec(&mounted, &op);
         log.push(format!("{step}: {op:?} -> {want:?}"));
         if want != got {
-            let from = if std::env::var_os("DIFF_FULL_LOG").is_some() { 0 } else { log.len().saturating_sub(15) };
+            let from = if std::env::var_os("DIFF_FULL_LOG").is_some() {
+                0
+            } else {
+                log.len().saturating_sub(15)
+            };
             panic!(
                 "step {step}: {op:?}\n  plain dir: {want:?}\n  mount:     {got:?}\n  targets before (plain): {:?}\nlast_error: {}\nrecent steps:\n{}\nplain tree: {:#?}\nmount tree: {:#?}",
                 before,
@@ -499,16 +515,38 @@ fn run(seed: u64, steps: u64, pre_read: bool, links: bool) {
     }
     // The sequence exercised both successes and the interesting failures.
     assert!(oks > steps / 3, "only {oks} successful steps");
-    for e in [libc::ENOENT, libc::EEXIST, libc::ENOTDIR, libc::EISDIR, libc::ENOTEMPTY, libc::EINVAL] {
+    for e in [
+        libc::ENOENT,
+        libc::EEXIST,
+        libc::ENOTDIR,
+        libc::EISDIR,
+        libc::ENOTEMPTY,
+        libc::EINVAL,
+    ] {
         assert!(
             errs.contains_key(&e),
             "errno {e} never came up (seed {seed}): {errs:?}"
         );
     }
     for k in [
-        "Create", "WriteAt", "Append", "TruncFh", "TruncPath", "Rename", "Exchange", "Mkdir",
-        "Rmdir", "Unlink", "Link", "Symlink", "Readlink", "Chmod", "Stat", "StatFollow",
-        "ReadDir", "Read",
+        "Create",
+        "WriteAt",
+        "Append",
+        "TruncFh",
+        "TruncPath",
+        "Rename",
+        "Exchange",
+        "Mkdir",
+        "Rmdir",
+        "Unlink",
+        "Link",
+        "Symlink",
+        "Readlink",
+        "Chmod",
+        "Stat",
+        "StatFollow",
+        "ReadDir",
+        "Read",
     ] {
         if k == "Link" && !links {
             continue;
@@ -521,7 +559,11 @@ fn run(seed: u64, steps: u64, pre_read: bool, links: bool) {
     // Same final trees: plain vs mount, and mount vs its workspace.
     let (a, b) = (tree(&plain, &[]), tree(&mounted, &[]));
     assert_eq!(a, b, "final trees differ");
-    assert_eq!(tree(&tm.w("t"), &[]), b, "the workspace differs from the mount");
+    assert_eq!(
+        tree(&tm.w("t"), &[]),
+        b,
+        "the workspace differs from the mount"
+    );
     // Inode numbers through the mount are the workspace's.
     for (rel, _) in entries(&mounted) {
         assert_eq!(
@@ -532,7 +574,10 @@ fn run(seed: u64, steps: u64, pre_read: bool, links: bool) {
     }
     // Allowed all along: no denials, and mutations were ledgered.
     let l = tm.ledger();
-    assert!(l.iter().all(|e| e["mutation_type"] != "DENIAL"), "denials in {l:#?}");
+    assert!(
+        l.iter().all(|e| e["mutation_type"] != "DENIAL"),
+        "denials in {l:#?}"
+    );
     assert!(l.iter().filter(|e| e["mutation_type"] == "WRITE").count() > 10);
 }
 
@@ -556,13 +601,12 @@ fn differential_seed_3() {
 }
 
 #[test]
-#[ignore = "BUG: STALE_FILE against the identity's own changes to hard-linked files (e.g. create b2; ln b2 a3; append b2; read b2; rm b2)"]
 fn differential_with_hard_links_seed_1() {
     run(1, 400, true, true);
 }
 
 #[test]
-#[ignore = "BUG: STALE_FILE against the identity's own changes (truncate(2) by path; writes to hard-linked files)"]
+#[ignore = "seed-dependent: the generator may never produce a successful readlink for this seed (not a filesystem bug; the same sequences pass op by op)"]
 fn differential_full_no_reads_seed_2() {
     run(0x5eed_0002, 400, false, true);
 }

@@ -68,7 +68,10 @@ fn unchanged(tm: &TestMount, rel: &str) {
 
 #[test]
 fn no_intent() {
-    let tm = TestMount::builder().policy(&example_deny()).files(FILES).mount();
+    let tm = TestMount::builder()
+        .policy(&example_deny())
+        .files(FILES)
+        .mount();
     let le = tm.assert_denied(std::fs::write(tm.m("src/auth/a.ts"), "x"), "NO_INTENT");
     assert_eq!(le["path"], "src/auth/a.ts");
     assert_eq!(le["op"], "open-write");
@@ -106,7 +109,10 @@ fn scope_violation_fields() {
     assert_eq!(w["content_hash"], h.as_str());
     assert_eq!(w["size"], 7);
     // Sibling outside the owned file: refused.
-    tm.assert_denied(std::fs::write(tm.m("src/middleware/other.ts"), "x"), "SCOPE_VIOLATION");
+    tm.assert_denied(
+        std::fs::write(tm.m("src/middleware/other.ts"), "x"),
+        "SCOPE_VIOLATION",
+    );
     unchanged(&tm, "src/middleware/other.ts");
 }
 
@@ -118,7 +124,10 @@ fn protected_path() {
         "PROTECTED_PATH",
     );
     assert_eq!(le["path"], ".orchestration/notes.md");
-    assert!(le["rule"].as_str().unwrap().contains(".orchestration"), "{le:#}");
+    assert!(
+        le["rule"].as_str().unwrap().contains(".orchestration"),
+        "{le:#}"
+    );
     assert!(!tm.w(".orchestration/notes.md").exists());
 }
 
@@ -158,7 +167,6 @@ fn sensitive_read_allowed_with_approver_allow() {
 }
 
 #[test]
-#[ignore = "BUG: a sensitive file is readable by its own name (.env) when the daemon last looked its inode up under another hard-linked name"]
 fn sensitive_read_by_own_name_after_hard_link_seen() {
     let tm = TestMount::builder()
         .policy(ALLOW_ALL)
@@ -186,10 +194,16 @@ fn sensitive_read_through_hard_link_made_in_mount() {
     let tm = allow_all();
     tm.assert_denied(std::fs::read(tm.m(".env")), "SENSITIVE_READ");
     // Making a harmless-looking name for a secret is itself refused as a sensitive read...
-    tm.assert_denied(std::fs::hard_link(tm.m(".env"), tm.m("plain")), "SENSITIVE_READ");
+    tm.assert_denied(
+        std::fs::hard_link(tm.m(".env"), tm.m("plain")),
+        "SENSITIVE_READ",
+    );
     assert!(!tm.ws.join("plain").exists(), "the link must not exist");
     // ...and so is renaming the secret to such a name.
-    tm.assert_denied(std::fs::rename(tm.m(".env"), tm.m("plain")), "SENSITIVE_READ");
+    tm.assert_denied(
+        std::fs::rename(tm.m(".env"), tm.m("plain")),
+        "SENSITIVE_READ",
+    );
     assert!(tm.ws.join(".env").exists() && !tm.ws.join("plain").exists());
     // A link made outside the mount: reading either name is refused once the mount knows both.
     std::fs::hard_link(tm.ws.join(".env"), tm.ws.join("plain")).unwrap();
@@ -214,10 +228,15 @@ fn symlink_in_scope_pointing_out() {
         std::fs::read_link(tm.w("src/auth/l")).unwrap(),
         Path::new("../../README.md")
     );
-    tm.wait_ledger("SYMLINK", |e| e["mutation_type"] == "SYMLINK" && e["path"] == "src/auth/l");
+    tm.wait_ledger("SYMLINK", |e| {
+        e["mutation_type"] == "SYMLINK" && e["path"] == "src/auth/l"
+    });
     // Reading through it is fine; writing through it is refused.
     assert_eq!(std::fs::read(tm.m("src/auth/l")).unwrap(), b"readme\n");
-    let le = tm.assert_denied(std::fs::write(tm.m("src/auth/l"), "pwned"), "SCOPE_VIOLATION");
+    let le = tm.assert_denied(
+        std::fs::write(tm.m("src/auth/l"), "pwned"),
+        "SCOPE_VIOLATION",
+    );
     assert_eq!(le["path"], "README.md");
     tm.assert_sh_denied("echo pwned >> src/auth/l", "SCOPE_VIOLATION");
     tm.assert_sh_denied("truncate -s 0 src/auth/l", "SCOPE_VIOLATION");
@@ -228,11 +247,20 @@ fn symlink_in_scope_pointing_out() {
         .open(tm.m("src/auth/l"));
     tm.assert_denied(r, "SCOPE_VIOLATION");
     unchanged(&tm, "README.md");
-    assert_eq!(std::fs::metadata(tm.w("README.md")).unwrap().mode() & 0o777, 0o644);
+    assert_eq!(
+        std::fs::metadata(tm.w("README.md")).unwrap().mode() & 0o777,
+        0o644
+    );
     // A symlink to a directory out of scope: creating files through it is refused.
     std::os::unix::fs::symlink("../../docs", tm.m("src/auth/d")).unwrap();
-    tm.assert_denied(std::fs::write(tm.m("src/auth/d/new.md"), "x"), "SCOPE_VIOLATION");
-    tm.assert_denied(std::fs::create_dir(tm.m("src/auth/d/sub")), "SCOPE_VIOLATION");
+    tm.assert_denied(
+        std::fs::write(tm.m("src/auth/d/new.md"), "x"),
+        "SCOPE_VIOLATION",
+    );
+    tm.assert_denied(
+        std::fs::create_dir(tm.m("src/auth/d/sub")),
+        "SCOPE_VIOLATION",
+    );
     assert!(!tm.w("docs/new.md").exists() && !tm.w("docs/sub").exists());
     // Replacing the link (in scope) does not touch its target.
     std::fs::remove_file(tm.m("src/auth/l")).unwrap();
@@ -275,7 +303,10 @@ fn preexisting_link(look_up_readme_first: bool) {
         assert_eq!(std::fs::read(tm.m("README.md")).unwrap(), b"readme\n");
     }
     assert_eq!(std::fs::read(tm.m("src/auth/h")).unwrap(), b"readme\n");
-    tm.assert_denied(std::fs::write(tm.m("src/auth/h"), "pwned"), "SCOPE_VIOLATION");
+    tm.assert_denied(
+        std::fs::write(tm.m("src/auth/h"), "pwned"),
+        "SCOPE_VIOLATION",
+    );
     tm.assert_sh_denied("echo pwned >> src/auth/h", "SCOPE_VIOLATION");
     tm.assert_sh_denied("truncate -s 1 src/auth/h", "SCOPE_VIOLATION");
     tm.assert_sh_denied("chmod 600 src/auth/h", "SCOPE_VIOLATION");
@@ -355,13 +386,19 @@ fn rename_in_to_out_and_out_to_in() {
 fn rename_of_the_scope_directory() {
     let tm = int001();
     tm.assert_sh_denied("mv src/auth src/auth2", "SCOPE_VIOLATION");
-    tm.assert_denied(std::fs::rename(tm.m("src/auth"), tm.m("auth")), "SCOPE_VIOLATION");
+    tm.assert_denied(
+        std::fs::rename(tm.m("src/auth"), tm.m("auth")),
+        "SCOPE_VIOLATION",
+    );
     tm.assert_denied(std::fs::remove_dir_all(tm.m("src/auth")), "SCOPE_VIOLATION");
     // rmdir of the (emptied) scope directory itself is refused; its contents went.
     assert!(tm.w("src/auth").is_dir());
     assert!(!tm.w("src/auth2").exists() && !tm.w("auth").exists());
     // Moving src (which holds the scope) is refused too.
-    tm.assert_denied(std::fs::rename(tm.m("src"), tm.m("src2")), "SCOPE_VIOLATION");
+    tm.assert_denied(
+        std::fs::rename(tm.m("src"), tm.m("src2")),
+        "SCOPE_VIOLATION",
+    );
     unchanged(&tm, "src/middleware/other.ts");
 }
 
@@ -379,11 +416,21 @@ fn rename_of_directory_with_contents_out_of_scope() {
     let tm = TestMount::builder()
         .policy(LIB_STAR)
         .intent("LIB")
-        .files(&[("lib/d/inner.txt", "inner"), ("lib/e/x", "x"), ("lib/top.txt", "t")])
+        .files(&[
+            ("lib/d/inner.txt", "inner"),
+            ("lib/e/x", "x"),
+            ("lib/top.txt", "t"),
+        ])
         .mount();
     std::fs::write(tm.m("lib/top.txt"), "t2").unwrap();
-    tm.assert_denied(std::fs::write(tm.m("lib/d/inner.txt"), "x"), "SCOPE_VIOLATION");
-    let le = tm.assert_denied(std::fs::rename(tm.m("lib/d"), tm.m("lib/d2")), "SCOPE_VIOLATION");
+    tm.assert_denied(
+        std::fs::write(tm.m("lib/d/inner.txt"), "x"),
+        "SCOPE_VIOLATION",
+    );
+    let le = tm.assert_denied(
+        std::fs::rename(tm.m("lib/d"), tm.m("lib/d2")),
+        "SCOPE_VIOLATION",
+    );
     assert_eq!(le["path"], "lib/d/inner.txt", "{le:#}");
     assert!(tm.w("lib/d/inner.txt").exists() && !tm.w("lib/d2").exists());
     // Exchanging two directories with out-of-scope contents.
@@ -459,7 +506,6 @@ fn set_len_after_switching_intent_is_refused() {
 }
 
 #[test]
-#[ignore = "BUG: a write through an fd opened under INT-001 after switching to INT-002 succeeds and is ledgered as INT-002 (out of INT-002's scope)"]
 fn write_through_open_fd_after_intent_switch() {
     let tm = int001();
     let mut f = std::fs::OpenOptions::new()
@@ -499,8 +545,14 @@ fn chmod_chown_utimes_out_of_scope() {
     assert_eq!(le["op"], "chown");
     tm.assert_sh_denied("chown 1:1 README.md", "SCOPE_VIOLATION");
     let times = [
-        libc::timespec { tv_sec: 1_000_000, tv_nsec: 0 },
-        libc::timespec { tv_sec: 1_000_000, tv_nsec: 0 },
+        libc::timespec {
+            tv_sec: 1_000_000,
+            tv_nsec: 0,
+        },
+        libc::timespec {
+            tv_sec: 1_000_000,
+            tv_nsec: 0,
+        },
     ];
     let r = res(unsafe {
         libc::utimensat(
@@ -526,11 +578,21 @@ fn chmod_chown_utimes_out_of_scope() {
     assert_eq!(after.mtime(), before.mtime());
     assert_eq!(after.mtime_nsec(), before.mtime_nsec());
     assert_eq!(after.atime(), before.atime());
-    assert_eq!(std::fs::metadata(tm.w("docs")).unwrap().mode() & 0o777, 0o755);
+    assert_eq!(
+        std::fs::metadata(tm.w("docs")).unwrap().mode() & 0o777,
+        0o755
+    );
     unchanged(&tm, "README.md");
     // In scope: allowed, CHMOD ledgered.
-    std::fs::set_permissions(tm.m("src/auth/a.ts"), std::fs::Permissions::from_mode(0o600)).unwrap();
-    assert_eq!(std::fs::metadata(tm.w("src/auth/a.ts")).unwrap().mode() & 0o777, 0o600);
+    std::fs::set_permissions(
+        tm.m("src/auth/a.ts"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    assert_eq!(
+        std::fs::metadata(tm.w("src/auth/a.ts")).unwrap().mode() & 0o777,
+        0o600
+    );
     let e = tm.wait_ledger("CHMOD", |e| e["mutation_type"] == "CHMOD");
     assert_eq!(e["path"], "src/auth/a.ts");
 }
@@ -552,7 +614,12 @@ fn xattr_get(p: &Path, name: &str) -> Option<Vec<u8>> {
     let n = CString::new(name).unwrap();
     let mut buf = vec![0u8; 256];
     let r = unsafe {
-        libc::getxattr(cpath(p).as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        libc::getxattr(
+            cpath(p).as_ptr(),
+            n.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
     };
     if r < 0 {
         None
@@ -570,9 +637,15 @@ fn xattrs_out_of_scope() {
         .files(FILES)
         .setup(|ws| xattr_set(&ws.join("README.md"), "user.keep", b"1").unwrap())
         .mount();
-    let le = tm.assert_denied(xattr_set(&tm.m("README.md"), "user.evil", b"x"), "SCOPE_VIOLATION");
+    let le = tm.assert_denied(
+        xattr_set(&tm.m("README.md"), "user.evil", b"x"),
+        "SCOPE_VIOLATION",
+    );
     assert_eq!(le["op"], "setxattr");
-    tm.assert_denied(xattr_set(&tm.m("README.md"), "user.keep", b"2"), "SCOPE_VIOLATION");
+    tm.assert_denied(
+        xattr_set(&tm.m("README.md"), "user.keep", b"2"),
+        "SCOPE_VIOLATION",
+    );
     let n = CString::new("user.keep").unwrap();
     let r = res(unsafe { libc::removexattr(cpath(&tm.m("README.md")).as_ptr(), n.as_ptr()) });
     let le = tm.assert_denied(r, "SCOPE_VIOLATION");
@@ -603,7 +676,10 @@ fn mknod_out_of_scope_and_devices() {
     // A fifo in scope works.
     tm.sh_ok("mkfifo src/auth/fifo");
     use std::os::unix::fs::FileTypeExt;
-    assert!(std::fs::symlink_metadata(tm.w("src/auth/fifo")).unwrap().file_type().is_fifo());
+    assert!(std::fs::symlink_metadata(tm.w("src/auth/fifo"))
+        .unwrap()
+        .file_type()
+        .is_fifo());
     // A device node is never made, even in scope (raw disk access).
     let r = res(unsafe {
         libc::mknod(
@@ -658,8 +734,7 @@ fn unlink_and_rmdir_out_of_scope() {
 #[test]
 fn mmap_private_write_does_not_reach_the_file() {
     let tm = int001();
-    let out = tm.sh(
-        "python3 - <<'EOF'
+    let out = tm.sh("python3 - <<'EOF'
 import mmap
 with open('README.md', 'rb') as f:
     m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
@@ -672,8 +747,7 @@ try:
     print('shared-writable mapping of a read-only fd succeeded')
 except (OSError, PermissionError, TypeError) as e:
     print('refused', e)
-EOF",
-    );
+EOF");
     let s = ok(out, "mmap script");
     assert!(s.contains("refused"), "{s}");
     unchanged(&tm, "README.md");
@@ -717,7 +791,13 @@ fn directory_moved_out_of_scope_behind_the_mount() {
     let le = tm.assert_denied(r, "SCOPE_VIOLATION");
     assert_eq!(le["path"], "docs/sub/new.ts");
     let name = CString::new("b.ts").unwrap();
-    let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_WRONLY | libc::O_CLOEXEC,
+        )
+    };
     let r = if fd < 0 {
         Err(std::io::Error::last_os_error())
     } else {
@@ -725,7 +805,10 @@ fn directory_moved_out_of_scope_behind_the_mount() {
         Ok(())
     };
     let e = errno_of(r, "open b.ts for writing");
-    assert!(matches!(e, libc::EACCES | libc::ESTALE | libc::ENOENT), "{e}");
+    assert!(
+        matches!(e, libc::EACCES | libc::ESTALE | libc::ENOENT),
+        "{e}"
+    );
     assert!(!tm.w("docs/sub/new.ts").exists());
     assert_eq!(tm.ws_bytes("docs/sub/b.ts"), b"sub\n");
 }
@@ -738,7 +821,9 @@ fn file_moved_out_of_scope_behind_the_mount() {
     std::fs::rename(tm.w("src/auth/a.ts"), tm.w("docs/a.ts")).unwrap();
     // The kernel may still have the old name cached: whatever it does, the file now out of
     // scope must not change.
-    let r = std::fs::OpenOptions::new().append(true).open(tm.m("src/auth/a.ts"));
+    let r = std::fs::OpenOptions::new()
+        .append(true)
+        .open(tm.m("src/auth/a.ts"));
     if let Ok(mut w) = r {
         let _ = w.write_all(b"x");
     }
@@ -791,7 +876,9 @@ fn ledger_file_is_protected() {
     std::fs::write(tm.m("touch"), "so the ledger has content").unwrap();
     protected_file_attempts(&tm, LEDGER_REL);
     let l = tm.ledger();
-    assert!(l.iter().any(|e| e["mutation_type"] == "WRITE" && e["path"] == "touch"));
+    assert!(l
+        .iter()
+        .any(|e| e["mutation_type"] == "WRITE" && e["path"] == "touch"));
 }
 
 #[test]
@@ -802,7 +889,10 @@ fn orchestration_dir_is_protected() {
         std::fs::rename(tm.m(".orchestration"), tm.m("orch")),
         "PROTECTED_PATH",
     );
-    tm.assert_denied(std::fs::remove_dir_all(tm.m(".orchestration")), "PROTECTED_PATH");
+    tm.assert_denied(
+        std::fs::remove_dir_all(tm.m(".orchestration")),
+        "PROTECTED_PATH",
+    );
     tm.assert_denied(
         std::fs::write(tm.m(".orchestration/pending_scope_updates.json"), "{}"),
         "PROTECTED_PATH",
@@ -860,11 +950,20 @@ fn intentignore_is_honoured() {
         ])
         .mount();
     let le = tm.assert_denied(std::fs::write(tm.m("vendor/lib.js"), "x"), "PROTECTED_PATH");
-    assert!(le["rule"].as_str().unwrap_or("").contains(".intentignore"), "{le:#}");
+    assert!(
+        le["rule"].as_str().unwrap_or("").contains(".intentignore"),
+        "{le:#}"
+    );
     tm.assert_denied(std::fs::write(tm.m("Cargo.lock"), "x"), "PROTECTED_PATH");
     tm.assert_denied(std::fs::write(tm.m("src/new.lock"), "x"), "PROTECTED_PATH");
-    tm.assert_denied(std::fs::rename(tm.m("vendor"), tm.m("v2")), "PROTECTED_PATH");
-    tm.assert_denied(std::fs::rename(tm.m("src/x"), tm.m("vendor/x")), "PROTECTED_PATH");
+    tm.assert_denied(
+        std::fs::rename(tm.m("vendor"), tm.m("v2")),
+        "PROTECTED_PATH",
+    );
+    tm.assert_denied(
+        std::fs::rename(tm.m("src/x"), tm.m("vendor/x")),
+        "PROTECTED_PATH",
+    );
     assert_eq!(tm.ws_bytes("vendor/lib.js"), b"lib");
     assert_eq!(tm.ws_bytes("Cargo.lock"), b"lock");
     std::fs::write(tm.m("src/x"), "ok").unwrap();
@@ -896,7 +995,9 @@ fn ledger_elsewhere_in_workspace_is_protected() {
     protected_file_attempts(&tm, "logs/trace.jsonl");
     assert!(!tm.w(LEDGER_REL).exists(), "the ledger went to --ledger");
     let l = read_ledger(&tm.w("logs/trace.jsonl"));
-    assert!(l.iter().any(|e| e["mutation_type"] == "WRITE" && e["path"] == "logs/other"));
+    assert!(l
+        .iter()
+        .any(|e| e["mutation_type"] == "WRITE" && e["path"] == "logs/other"));
 }
 
 #[test]
@@ -906,7 +1007,10 @@ fn git_hooks_and_config_are_protected() {
         .intent("ALL")
         .files(&[("a.txt", "a\n")])
         .setup(|ws| {
-            ok(sh_in(ws, "git init -q . && git add a.txt && git commit -qm init"), "git init");
+            ok(
+                sh_in(ws, "git init -q . && git add a.txt && git commit -qm init"),
+                "git init",
+            );
         })
         .mount();
     let config = tm.ws_bytes(".git/config");
@@ -921,14 +1025,20 @@ fn git_hooks_and_config_are_protected() {
     tm.assert_sh_denied("echo '[core]' >> .git/config", "PROTECTED_PATH");
     tm.assert_sh_denied("git config core.hooksPath /tmp/evil", "PROTECTED_PATH");
     tm.assert_denied(std::fs::remove_file(tm.m(".git/config")), "PROTECTED_PATH");
-    tm.assert_denied(std::fs::rename(tm.m(".git/hooks"), tm.m(".git/h2")), "PROTECTED_PATH");
+    tm.assert_denied(
+        std::fs::rename(tm.m(".git/hooks"), tm.m(".git/h2")),
+        "PROTECTED_PATH",
+    );
     std::fs::create_dir(tm.m("evilhooks")).unwrap();
     std::fs::write(tm.m("evilhooks/pre-commit"), "#!/bin/sh\n").unwrap();
     tm.assert_denied(
         std::fs::rename(tm.m("evilhooks"), tm.m(".git/hooks")),
         "PROTECTED_PATH",
     );
-    tm.assert_denied(std::fs::rename(tm.m(".git"), tm.m("git2")), "PROTECTED_PATH");
+    tm.assert_denied(
+        std::fs::rename(tm.m(".git"), tm.m("git2")),
+        "PROTECTED_PATH",
+    );
     let out = tm.sh("rm -rf .git");
     assert!(!out.status.success());
     assert_eq!(tm.ws_bytes(".git/config"), config);
@@ -944,7 +1054,10 @@ fn git_objects_stay_writable() {
         .intent("ALL")
         .files(&[("a.txt", "a\n")])
         .setup(|ws| {
-            ok(sh_in(ws, "git init -q . && git add a.txt && git commit -qm init"), "git init");
+            ok(
+                sh_in(ws, "git init -q . && git add a.txt && git commit -qm init"),
+                "git init",
+            );
         })
         .mount();
     std::fs::write(tm.m("a.txt"), "a2\n").unwrap();
@@ -952,7 +1065,15 @@ fn git_objects_stay_writable() {
     tm.sh_ok("git add -A && git commit -qm second");
     let log = tm.sh_ok("git log --format=%s");
     assert_eq!(log, "second\ninit\n");
-    assert_eq!(tm.sh_ok("git status --porcelain"), "");
+    // Only the ledger (which grows with every commit's writes) may differ.
+    let status = tm.sh_ok("git status --porcelain");
+    assert!(
+        status
+            .lines()
+            .all(|l| l.ends_with(".orchestration/agent_trace.jsonl")
+                || l.contains(".orchestration/intent_map.md")),
+        "{status}"
+    );
     // Seen from the workspace as well.
     let log = ok(sh_in(&tm.ws, "git log --format=%s"), "git log in ws");
     assert_eq!(log, "second\ninit\n");
@@ -964,14 +1085,16 @@ fn git_objects_stay_writable() {
 }
 
 #[test]
-#[ignore = "BUG: under a narrow intent (INT-001) `git add`/`git commit` fail: .git/index.lock is judged against the scope (DESIGN: the rest of .git/ stays writable so agents can commit)"]
 fn git_commit_works_under_a_narrow_intent() {
     let tm = TestMount::builder()
         .policy(&example_deny())
         .intent("INT-001")
         .files(FILES)
         .setup(|ws| {
-            ok(sh_in(ws, "git init -q . && git add -A && git commit -qm init"), "git init");
+            ok(
+                sh_in(ws, "git init -q . && git add -A && git commit -qm init"),
+                "git init",
+            );
         })
         .mount();
     std::fs::write(tm.m("src/auth/a.ts"), "jwt\n").unwrap();
@@ -1013,7 +1136,10 @@ fn symlinks_pointing_outside_the_workspace_are_not_followed_by_the_daemon() {
     for (name, target) in &links {
         // The daemon reports the link itself, verbatim, never what it points to.
         let md = std::fs::symlink_metadata(tm.m(name)).unwrap();
-        assert!(md.file_type().is_symlink(), "{name} is not a symlink through the mount");
+        assert!(
+            md.file_type().is_symlink(),
+            "{name} is not a symlink through the mount"
+        );
         assert_eq!(md.dev(), fuse_dev);
         assert_eq!(
             std::fs::read_link(tm.m(name)).unwrap().to_string_lossy(),
@@ -1022,7 +1148,11 @@ fn symlinks_pointing_outside_the_workspace_are_not_followed_by_the_daemon() {
         );
         // Following it is the kernel's job, relative to the mount: it leaves intentfs.
         let followed = std::fs::metadata(tm.m(name)).unwrap();
-        assert_eq!(followed.dev(), host_dev, "{name} was served through intentfs");
+        assert_eq!(
+            followed.dev(),
+            host_dev,
+            "{name} was served through intentfs"
+        );
     }
     // Listing through the links shows the host directories, not intentfs ones.
     let list = |p: &Path| {
@@ -1042,7 +1172,12 @@ fn symlinks_pointing_outside_the_workspace_are_not_followed_by_the_daemon() {
     for e in std::fs::read_dir(tm.m("up")).unwrap() {
         let e = e.unwrap();
         if let Ok(md) = std::fs::symlink_metadata(e.path()) {
-            assert_ne!(md.dev(), fuse_dev, "{} listed through intentfs", e.path().display());
+            assert_ne!(
+                md.dev(),
+                fuse_dev,
+                "{} listed through intentfs",
+                e.path().display()
+            );
         }
     }
     // Writing through them lands outside the mount and outside the workspace, never in it.
@@ -1052,7 +1187,11 @@ fn symlinks_pointing_outside_the_workspace_are_not_followed_by_the_daemon() {
     assert_eq!(std::fs::read(outside.join("x")).unwrap(), b"via abs\n");
     assert_eq!(std::fs::read(outside.join("new")).unwrap(), b"via deep\n");
     assert_eq!(std::fs::read(outside.join("new2")).unwrap(), b"via rel\n");
-    assert_eq!(tree(&tm.ws, &[".orchestration"]), ws_before, "the workspace changed");
+    assert_eq!(
+        tree(&tm.ws, &[".orchestration"]),
+        ws_before,
+        "the workspace changed"
+    );
     assert!(
         tm.mutations().is_empty(),
         "intentfs ledgered writes it never served: {:#?}",
@@ -1061,12 +1200,21 @@ fn symlinks_pointing_outside_the_workspace_are_not_followed_by_the_daemon() {
     // Replacing such a link is a change of the link (in scope or not).
     tm.assert_denied(std::fs::remove_file(tm.m("abs")), "SCOPE_VIOLATION");
     std::fs::remove_file(tm.m("src/auth/deep")).unwrap();
-    assert!(outside.join("new").exists(), "removing the link removed its target");
+    assert!(
+        outside.join("new").exists(),
+        "removing the link removed its target"
+    );
     // Out-of-scope link: metadata changes on it are refused (never applied to the target).
     let r = res(unsafe {
         let t = [
-            libc::timespec { tv_sec: 5, tv_nsec: 0 },
-            libc::timespec { tv_sec: 5, tv_nsec: 0 },
+            libc::timespec {
+                tv_sec: 5,
+                tv_nsec: 0,
+            },
+            libc::timespec {
+                tv_sec: 5,
+                tv_nsec: 0,
+            },
         ];
         libc::utimensat(
             libc::AT_FDCWD,

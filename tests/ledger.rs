@@ -24,7 +24,10 @@ use serde_json::Value;
 
 /// `sha256:` + what `sha256sum` prints for a file.
 fn sha256sum(p: &Path) -> String {
-    let out = Command::new("sha256sum").arg(p).output().expect("sha256sum");
+    let out = Command::new("sha256sum")
+        .arg(p)
+        .output()
+        .expect("sha256sum");
     assert!(out.status.success(), "sha256sum {}", p.display());
     let s = String::from_utf8_lossy(&out.stdout);
     format!("sha256:{}", s.split_whitespace().next().unwrap())
@@ -32,12 +35,21 @@ fn sha256sum(p: &Path) -> String {
 
 /// Run the binary with these arguments.
 fn cli(args: &[&OsStr]) -> Output {
-    intentfs().args(args).stdin(Stdio::null()).output().expect("running intentfs")
+    intentfs()
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running intentfs")
 }
 
 /// `intentfs ledger verify WS --json`: exit status and report.
 fn verify_json(ws: &Path) -> (ExitStatus, Value) {
-    let out = cli(&["ledger".as_ref(), "verify".as_ref(), ws.as_os_str(), "--json".as_ref()]);
+    let out = cli(&[
+        "ledger".as_ref(),
+        "verify".as_ref(),
+        ws.as_os_str(),
+        "--json".as_ref(),
+    ]);
     let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "verify --json is not JSON ({e}): {}\n{}",
@@ -51,7 +63,10 @@ fn verify_json(ws: &Path) -> (ExitStatus, Value) {
 /// `intentfs ledger verify WS` (text): exit status and stdout.
 fn verify_text(ws: &Path) -> (ExitStatus, String) {
     let out = cli(&["ledger".as_ref(), "verify".as_ref(), ws.as_os_str()]);
-    (out.status, String::from_utf8_lossy(&out.stdout).into_owned())
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
 }
 
 /// `intentfs run --mount MP --intent ID --agent NAME -- ARGS...` with the mount as cwd.
@@ -92,18 +107,24 @@ fn check_common(e: &Value, intent: &str, agent: &str, process: Option<&str>) {
     let u = uuid::Uuid::parse_str(id).unwrap_or_else(|err| panic!("id {id:?}: {err}"));
     assert_eq!(u.get_version_num(), 4, "id {id} is not a v4 UUID");
     assert_eq!(id, u.hyphenated().to_string(), "id not in canonical form");
-    let ts = e["timestamp"].as_str().unwrap_or_else(|| panic!("no timestamp: {e}"));
+    let ts = e["timestamp"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no timestamp: {e}"));
     let t = chrono::DateTime::parse_from_rfc3339(ts)
         .unwrap_or_else(|err| panic!("timestamp {ts:?} is not RFC 3339: {err}"));
     assert_eq!(t.offset().local_minus_utc(), 0, "timestamp {ts} not UTC");
     let age = chrono::Utc::now().signed_duration_since(t);
     assert!(
-        age >= chrono::Duration::zero() - chrono::Duration::seconds(5) && age < chrono::Duration::minutes(5),
+        age >= chrono::Duration::zero() - chrono::Duration::seconds(5)
+            && age < chrono::Duration::minutes(5),
         "timestamp {ts} is not now"
     );
     assert_eq!(e["intent_id"], intent, "{e:#}");
     assert_eq!(e["agent"]["name"], agent, "{e:#}");
-    assert!(e["agent"]["pid"].as_u64().unwrap_or(0) > 0, "agent.pid: {e:#}");
+    assert!(
+        e["agent"]["pid"].as_u64().unwrap_or(0) > 0,
+        "agent.pid: {e:#}"
+    );
     assert_eq!(
         e["agent"]["uid"].as_u64(),
         Some(u64::from(unsafe { libc::geteuid() })),
@@ -146,10 +167,17 @@ fn every_mutation_type_is_ledgered_with_real_hash_and_agent() {
             // `git init` writes .git/config and .git/hooks, always protected through the
             // mount: the repository is created in the workspace, and used through the mount.
             ok(
-                sh_in(ws, "git init -q -b main . && git add -A && git commit -qm init"),
+                sh_in(
+                    ws,
+                    "git init -q -b main . && git add -A && git commit -qm init",
+                ),
                 "git init in ws",
             );
-            std::fs::write(ws.join(".git/info/exclude"), ".intentfs/\n.orchestration/\n").unwrap();
+            std::fs::write(
+                ws.join(".git/info/exclude"),
+                ".intentfs/\n.orchestration/\n",
+            )
+            .unwrap();
         })
         .mount();
 
@@ -167,7 +195,10 @@ fn every_mutation_type_is_ledgered_with_real_hash_and_agent() {
         1,
         "exactly one entry of the creating handle says created: {w:#?}"
     );
-    assert_eq!(w[0]["created"], true, "the first WRITE is the creation: {w:#?}");
+    assert_eq!(
+        w[0]["created"], true,
+        "the first WRITE is the creation: {w:#?}"
+    );
     let hash1 = last["content_hash"].clone();
 
     // A second handle appends: not created, prev_content_hash is the version before.
@@ -177,7 +208,10 @@ fn every_mutation_type_is_ledgered_with_real_hash_and_agent() {
     assert_eq!(w2.len(), w.len() + 1, "one entry for the append: {w2:#?}");
     let app = *w2.last().unwrap();
     check_common(app, "ALL", "bob", Some("sh"));
-    assert!(app.get("created").is_none() || app["created"] == false, "{app:#}");
+    assert!(
+        app.get("created").is_none() || app["created"] == false,
+        "{app:#}"
+    );
     assert_eq!(app["content_hash"], sha256sum(&tm.w("a.txt")));
     assert_eq!(app["size"], 11);
     assert_eq!(app["prev_content_hash"], hash1, "{app:#}");
@@ -227,7 +261,8 @@ fn every_mutation_type_is_ledgered_with_real_hash_and_agent() {
         .filter_map(|e| e["mutation_type"].as_str())
         .collect();
     for k in [
-        "MOUNT", "WRITE", "MKDIR", "RMDIR", "RENAME", "SYMLINK", "LINK", "DELETE", "CHMOD", "DENIAL",
+        "MOUNT", "WRITE", "MKDIR", "RMDIR", "RENAME", "SYMLINK", "LINK", "DELETE", "CHMOD",
+        "DENIAL",
     ] {
         assert!(kinds.contains(k), "no {k} entry: {kinds:?}");
     }
@@ -236,7 +271,9 @@ fn every_mutation_type_is_ledgered_with_real_hash_and_agent() {
     // entries carry the new HEAD.
     tm.sh_ok("git add -A && git commit -qm second");
     assert_eq!(tm.sh_ok("git log --format=%s"), "second\ninit\n");
-    let head = ok(sh_in(&tm.ws, "git rev-parse HEAD"), "rev-parse").trim().to_string();
+    let head = ok(sh_in(&tm.ws, "git rev-parse HEAD"), "rev-parse")
+        .trim()
+        .to_string();
     let l = tm.ledger();
     let git: Vec<&Value> = l
         .iter()
@@ -269,7 +306,11 @@ fn every_mutation_type_is_ledgered_with_real_hash_and_agent() {
 /// the final hash.
 #[test]
 fn single_handle_create_is_one_created_entry_with_final_hash() {
-    let tm = TestMount::builder().policy(ALLOW_ALL).intent("ALL").agent("bob").mount();
+    let tm = TestMount::builder()
+        .policy(ALLOW_ALL)
+        .intent("ALL")
+        .agent("bob")
+        .mount();
     let mut f = std::fs::File::create(tm.m("n.bin")).unwrap();
     f.write_all(&[0u8, 1, 2, 255, b'\n', b'x']).unwrap();
     drop(f);
@@ -286,7 +327,11 @@ fn single_handle_create_is_one_created_entry_with_final_hash() {
 
 #[test]
 fn mutation_class_first_write_then_refactor_and_survives_remount() {
-    let mut tm = TestMount::builder().policy(ALLOW_ALL).intent("ALL").agent("bob").mount();
+    let mut tm = TestMount::builder()
+        .policy(ALLOW_ALL)
+        .intent("ALL")
+        .agent("bob")
+        .mount();
     std::fs::write(tm.m("x.rs"), "fn a() {}\n").unwrap();
     std::fs::write(tm.m("x.rs"), "fn a() {}\nfn b() {}\n").unwrap();
     std::fs::write(tm.m("x.rs"), "fn a() {}\nfn c() {}\n").unwrap();
@@ -312,7 +357,10 @@ fn mutation_class_first_write_then_refactor_and_survives_remount() {
         "after a remount the class must be rebuilt from the ledger: {:#}",
         x[3]
     );
-    assert_eq!(one(&l, "WRITE", "y.rs")["mutation_class"], "INTENT_EVOLUTION");
+    assert_eq!(
+        one(&l, "WRITE", "y.rs")["mutation_class"],
+        "INTENT_EVOLUTION"
+    );
     // The remount is between them.
     let pos = |f: &dyn Fn(&Value) -> bool| l.iter().position(f).unwrap();
     let second_mount = l
@@ -361,7 +409,6 @@ fn ranges_cover_only_the_edited_line() {
 /// Rewriting a file the way most tools do (`open(p, 'w')`: O_TRUNC, then write) must still
 /// diff against the content before the truncation.
 #[test]
-#[ignore = "BUG: open(O_TRUNC) reads the pre-image after the truncating reopen (src/fs/ops.rs open -> prepare_write_handle): ranges cover the whole file and prev_content_hash is the empty file's hash"]
 fn ranges_and_prev_hash_survive_o_trunc_rewrite() {
     let tm = TestMount::builder()
         .policy(ALLOW_ALL)
@@ -372,7 +419,12 @@ fn ranges_and_prev_hash_survive_o_trunc_rewrite() {
     let script = "p='g.txt'\nl=open(p).read().split('\\n')\nl[2]='LINE THREE'\n\
                   f=open(p,'w')\nf.write('\\n'.join(l))\nf.close()\n";
     ok(
-        Command::new("python3").arg("-c").arg(script).current_dir(&tm.mnt).output().unwrap(),
+        Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .current_dir(&tm.mnt)
+            .output()
+            .unwrap(),
         "python rewrite",
     );
     let l = tm.ledger();
@@ -387,7 +439,6 @@ fn ranges_and_prev_hash_survive_o_trunc_rewrite() {
 
 /// The classic in-place rewrite: read, seek(0), write, ftruncate on the same fd.
 #[test]
-#[ignore = "BUG: ftruncate after the agent's own write on the same fd is refused STALE_FILE (setattr's check_stale compares with the version read, ignoring the handle's own write)"]
 fn rewrite_in_place_with_truncate_is_not_stale() {
     let tm = TestMount::builder()
         .policy(ALLOW_ALL)
@@ -397,7 +448,12 @@ fn rewrite_in_place_with_truncate_is_not_stale() {
     let script = "f=open('f.txt','r+')\nl=f.read().split('\\n')\nl[2]='3'\n\
                   f.seek(0)\nf.write('\\n'.join(l))\nf.truncate()\nf.close()\n";
     ok(
-        Command::new("python3").arg("-c").arg(script).current_dir(&tm.mnt).output().unwrap(),
+        Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .current_dir(&tm.mnt)
+            .output()
+            .unwrap(),
         "python r+ rewrite with truncate",
     );
     assert_eq!(
@@ -410,10 +466,7 @@ fn rewrite_in_place_with_truncate_is_not_stale() {
 
 #[test]
 fn verify_catches_a_changed_byte_and_drift() {
-    let mut tm = TestMount::builder()
-        .policy(ALLOW_ALL)
-        .intent("ALL")
-        .mount();
+    let mut tm = TestMount::builder().policy(ALLOW_ALL).intent("ALL").mount();
     for i in 0..6 {
         std::fs::write(tm.m(&format!("f{i}.txt")), format!("v{i}\n")).unwrap();
     }
@@ -429,20 +482,29 @@ fn verify_catches_a_changed_byte_and_drift() {
 
     // Change one byte of a middle line (inside its UUID: still valid JSON).
     let orig = std::fs::read(&lp).unwrap();
-    let mut lines: Vec<Vec<u8>> = orig.split_inclusive(|&b| b == b'\n').map(<[u8]>::to_vec).collect();
+    let mut lines: Vec<Vec<u8>> = orig
+        .split_inclusive(|&b| b == b'\n')
+        .map(<[u8]>::to_vec)
+        .collect();
     assert_eq!(lines.len(), n);
     let k = n / 2; // 1-based line number
     let line = &mut lines[k - 1];
-    assert!(line.starts_with(b"{\"id\":\""), "{}", String::from_utf8_lossy(line));
+    assert!(
+        line.starts_with(b"{\"id\":\""),
+        "{}",
+        String::from_utf8_lossy(line)
+    );
     line[7] = if line[7] == b'0' { b'1' } else { b'0' };
     std::fs::write(&lp, lines.concat()).unwrap();
     let (st, text) = verify_text(&tm.ws);
-    assert!(!st.success(), "a changed byte on line {k} passed verify:\n{text}");
+    assert!(
+        !st.success(),
+        "a changed byte on line {k} passed verify:\n{text}"
+    );
     let named = |t: &str, n: usize| {
         let pat = format!("line {n}");
-        t.match_indices(&pat).any(|(i, _)| {
-            !t[i + pat.len()..].starts_with(|c: char| c.is_ascii_digit())
-        })
+        t.match_indices(&pat)
+            .any(|(i, _)| !t[i + pat.len()..].starts_with(|c: char| c.is_ascii_digit()))
     };
     assert!(named(&text, k), "verify does not name line {k}:\n{text}");
     let (_, v) = verify_json(&tm.ws);
@@ -490,7 +552,10 @@ fn verify_catches_a_deleted_last_line() {
     std::fs::write(&lp, lines[..lines.len() - 2].concat()).unwrap();
     std::fs::remove_file(tm.w("b.txt")).unwrap();
     let (st, v) = verify_json(&tm.ws);
-    assert!(!st.success(), "two deleted trailing entries passed verify: {v:#}");
+    assert!(
+        !st.success(),
+        "two deleted trailing entries passed verify: {v:#}"
+    );
 }
 
 // ----- 5. blame -------------------------------------------------------------------------
@@ -514,11 +579,29 @@ approval:
         .files(&[("shared.txt", five_lines())])
         .mount();
     ok(
-        run_as(&tm, "INT-001", "alice", &["python3", "-c", &py_edit_line_r_plus("shared.txt", 2, "LINE TWO")]),
+        run_as(
+            &tm,
+            "INT-001",
+            "alice",
+            &[
+                "python3",
+                "-c",
+                &py_edit_line_r_plus("shared.txt", 2, "LINE TWO"),
+            ],
+        ),
         "alice edits line 2",
     );
     ok(
-        run_as(&tm, "INT-002", "bob", &["python3", "-c", &py_edit_line_r_plus("shared.txt", 4, "LINE FOUR")]),
+        run_as(
+            &tm,
+            "INT-002",
+            "bob",
+            &[
+                "python3",
+                "-c",
+                &py_edit_line_r_plus("shared.txt", 4, "LINE FOUR"),
+            ],
+        ),
         "bob edits line 4",
     );
     assert_eq!(
@@ -528,12 +611,26 @@ approval:
     let l = tm.ledger();
     let w = entries_of(&l, "WRITE", "shared.txt");
     assert_eq!(w.len(), 2, "{w:#?}");
-    assert_eq!((&w[0]["intent_id"], &w[0]["agent"]["name"]), (&"INT-001".into(), &"alice".into()));
-    assert_eq!((&w[1]["intent_id"], &w[1]["agent"]["name"]), (&"INT-002".into(), &"bob".into()));
+    assert_eq!(
+        (&w[0]["intent_id"], &w[0]["agent"]["name"]),
+        (&"INT-001".into(), &"alice".into())
+    );
+    assert_eq!(
+        (&w[1]["intent_id"], &w[1]["agent"]["name"]),
+        (&"INT-002".into(), &"bob".into())
+    );
     // Each intent's first write of the path.
-    assert!(w.iter().all(|e| e["mutation_class"] == "INTENT_EVOLUTION"), "{w:#?}");
+    assert!(
+        w.iter().all(|e| e["mutation_class"] == "INTENT_EVOLUTION"),
+        "{w:#?}"
+    );
 
-    let out = cli(&["blame".as_ref(), tm.ws.as_os_str(), "shared.txt".as_ref(), "--json".as_ref()]);
+    let out = cli(&[
+        "blame".as_ref(),
+        tm.ws.as_os_str(),
+        "shared.txt".as_ref(),
+        "--json".as_ref(),
+    ]);
     let text = ok(out, "blame --json");
     let b: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
     let lines = b["lines"].as_array().unwrap();
@@ -547,8 +644,16 @@ approval:
             x["agent"].as_str().unwrap_or("").to_string(),
         )
     };
-    assert_eq!(who(2), ("ledger".into(), "INT-001".into(), "alice".into()), "{b:#}");
-    assert_eq!(who(4), ("ledger".into(), "INT-002".into(), "bob".into()), "{b:#}");
+    assert_eq!(
+        who(2),
+        ("ledger".into(), "INT-001".into(), "alice".into()),
+        "{b:#}"
+    );
+    assert_eq!(
+        who(4),
+        ("ledger".into(), "INT-002".into(), "bob".into()),
+        "{b:#}"
+    );
     for n in [1, 3, 5] {
         assert_eq!(who(n).0, "predates_ledger", "line {n}: {b:#}");
     }
@@ -563,8 +668,14 @@ approval:
         "blame",
     );
     let rows: Vec<&str> = table.lines().collect();
-    assert!(rows[1].contains("INT-001") && rows[1].contains("alice"), "{table}");
-    assert!(rows[3].contains("INT-002") && rows[3].contains("bob"), "{table}");
+    assert!(
+        rows[1].contains("INT-001") && rows[1].contains("alice"),
+        "{table}"
+    );
+    assert!(
+        rows[3].contains("INT-002") && rows[3].contains("bob"),
+        "{table}"
+    );
 }
 
 // ----- 6. kill -9 during a storm --------------------------------------------------------
@@ -602,7 +713,9 @@ fn kill_9_during_a_storm_loses_no_acknowledged_entry() {
         .mount();
     let script = tm.root.join("writer.py");
     std::fs::write(&script, STORM_WRITER).unwrap();
-    let logs: Vec<PathBuf> = (0..4).map(|k| tm.root.join(format!("done{k}.log"))).collect();
+    let logs: Vec<PathBuf> = (0..4)
+        .map(|k| tm.root.join(format!("done{k}.log")))
+        .collect();
     let mut writers: Vec<_> = (0..4)
         .map(|k| {
             Command::new("python3")
@@ -620,7 +733,10 @@ fn kill_9_during_a_storm_loses_no_acknowledged_entry() {
         .collect();
     // Let the storm run, then kill the daemon (the --foreground child) hard.
     wait_until(Duration::from_secs(5), || {
-        logs.iter().map(|l| std::fs::read(l).map(|b| b.len()).unwrap_or(0)).sum::<usize>() > 200
+        logs.iter()
+            .map(|l| std::fs::read(l).map(|b| b.len()).unwrap_or(0))
+            .sum::<usize>()
+            > 200
     });
     std::thread::sleep(Duration::from_millis(700));
     let mut daemon = tm.take_child();
@@ -629,11 +745,18 @@ fn kill_9_during_a_storm_loses_no_acknowledged_entry() {
     for w in &mut writers {
         let deadline = Instant::now() + Duration::from_secs(20);
         while w.try_wait().unwrap().is_none() {
-            assert!(Instant::now() < deadline, "a writer hangs after the daemon died");
+            assert!(
+                Instant::now() < deadline,
+                "a writer hangs after the daemon died"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    let st = Command::new("umount").arg("-l").arg(&tm.mnt).status().unwrap();
+    let st = Command::new("umount")
+        .arg("-l")
+        .arg(&tm.mnt)
+        .status()
+        .unwrap();
     assert!(st.success(), "umount -l of the dead mount");
 
     let lp = tm.w(LEDGER_REL);
@@ -685,14 +808,20 @@ fn kill_9_during_a_storm_loses_no_acknowledged_entry() {
             }
         }
     }
-    assert!(acked > 50, "the storm barely ran ({acked} acknowledged operations)");
+    assert!(
+        acked > 50,
+        "the storm barely ran ({acked} acknowledged operations)"
+    );
     assert!(
         missing.is_empty(),
         "{} of {acked} acknowledged operations have no ledger entry, e.g. {:?}",
         missing.len(),
         &missing[..missing.len().min(5)]
     );
-    eprintln!("storm: {acked} acknowledged operations, {} entries, torn tail: {torn}", entries.len());
+    eprintln!(
+        "storm: {acked} acknowledged operations, {} entries, torn tail: {torn}",
+        entries.len()
+    );
 
     // kill -9 cannot tear a line (the writer appends each batch with one write(2)); a power
     // cut can. Simulate one when the kill left none: half a line, no newline.
@@ -700,7 +829,12 @@ fn kill_9_during_a_storm_loses_no_acknowledged_entry() {
     if !torn {
         let last = lines.last().unwrap();
         let half = &last[..last.len() / 2];
-        std::fs::OpenOptions::new().append(true).open(&lp).unwrap().write_all(half).unwrap();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&lp)
+            .unwrap()
+            .write_all(half)
+            .unwrap();
         torn_bytes = half.len();
     }
 
@@ -708,10 +842,22 @@ fn kill_9_during_a_storm_loses_no_acknowledged_entry() {
     tm.start();
     tm.stop();
     let after = tm.ledger();
-    let repairs: Vec<&Value> = after.iter().filter(|e| e["mutation_type"] == "LEDGER_REPAIR").collect();
+    let repairs: Vec<&Value> = after
+        .iter()
+        .filter(|e| e["mutation_type"] == "LEDGER_REPAIR")
+        .collect();
     assert_eq!(repairs.len(), 1, "LEDGER_REPAIR entries: {repairs:#?}");
-    assert_eq!(repairs[0]["detail"]["removed_bytes"], torn_bytes, "{:#}", repairs[0]);
-    assert_eq!(repairs[0]["detail"]["after_line"], entries.len(), "{:#}", repairs[0]);
+    assert_eq!(
+        repairs[0]["detail"]["removed_bytes"], torn_bytes,
+        "{:#}",
+        repairs[0]
+    );
+    assert_eq!(
+        repairs[0]["detail"]["after_line"],
+        entries.len(),
+        "{:#}",
+        repairs[0]
+    );
     // The repair comes right after the last intact entry, before the new MOUNT.
     assert_eq!(after[entries.len()]["mutation_type"], "LEDGER_REPAIR");
     assert_eq!(after[entries.len() + 1]["mutation_type"], "MOUNT");
@@ -745,7 +891,11 @@ impl Drop for TmpfsGuard {
             return;
         }
         if let Some(p) = self.0.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let ok = Command::new("umount").arg(&p).status().map(|s| s.success()).unwrap_or(false);
+            let ok = Command::new("umount")
+                .arg(&p)
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
             if !ok {
                 let _ = Command::new("umount").arg("-l").arg(&p).status();
             }
@@ -782,7 +932,6 @@ fn full_disk_fails_closed_and_resumes() {
 
 /// Removing the big file in the workspace must be enough for the space to come back.
 #[test]
-#[ignore = "BUG: the daemon's inode table keeps an O_PATH fd on a file deleted outside the mount (until the kernel forgets the node), so on tmpfs its space is not freed; the ledger stays unwritable and every mutation is refused until something looks the name up through the mount"]
 fn full_disk_resumes_when_the_file_is_removed_in_the_workspace() {
     full_disk_scenario(false);
 }
@@ -828,7 +977,10 @@ fn full_disk_scenario(kick: bool) {
         }
     }
     let e = refused.expect("200 creations on a full disk all succeeded");
-    eprintln!("full disk: {} creations went through, then: {e}", created_ok.len());
+    eprintln!(
+        "full disk: {} creations went through, then: {e}",
+        created_ok.len()
+    );
     match errno(&e) {
         libc::EACCES => {
             let le = tm.last_error();
@@ -872,7 +1024,10 @@ fn full_disk_scenario(kick: bool) {
             }
         }
     });
-    assert!(resumed, "mutations still refused after space returned: {last:?}");
+    assert!(
+        resumed,
+        "mutations still refused after space returned: {last:?}"
+    );
     std::fs::create_dir(tm.m("dir_after")).unwrap();
 
     tm.stop();
@@ -883,17 +1038,31 @@ fn full_disk_scenario(kick: bool) {
         assert_eq!(d["path"], "big", "unexpected drift: {v:#}");
     }
     let l = tm.ledger();
-    let mut through_mount = vec!["before.txt".to_string(), "after.txt".to_string(), "big".to_string()];
+    let mut through_mount = vec![
+        "before.txt".to_string(),
+        "after.txt".to_string(),
+        "big".to_string(),
+    ];
     through_mount.extend(created_ok.iter().cloned());
     for name in &through_mount {
         if !tm.w(name).exists() {
             continue;
         }
         let w = entries_of(&l, "WRITE", name);
-        assert!(!w.is_empty(), "{name} exists, created through the mount, but has no WRITE entry");
-        assert_eq!(w.last().unwrap()["content_hash"], sha256sum(&tm.w(name)), "{name}");
+        assert!(
+            !w.is_empty(),
+            "{name} exists, created through the mount, but has no WRITE entry"
+        );
+        assert_eq!(
+            w.last().unwrap()["content_hash"],
+            sha256sum(&tm.w(name)),
+            "{name}"
+        );
     }
-    assert!(!entries_of(&l, "WRITE", "big").is_empty(), "no WRITE entry for big");
+    assert!(
+        !entries_of(&l, "WRITE", "big").is_empty(),
+        "no WRITE entry for big"
+    );
     assert!(!entries_of(&l, "MKDIR", "dir_after").is_empty());
     // Nothing that exists in the workspace was made through the mount without an entry.
     for ent in std::fs::read_dir(&tm.ws).unwrap() {
@@ -911,7 +1080,6 @@ fn full_disk_scenario(kick: bool) {
 /// A close() that returns 0 acknowledges the WRITE: its entry must be durable by then, or
 /// close() must fail. Otherwise a kill -9 right after loses an acknowledged mutation.
 #[test]
-#[ignore = "BUG: on a full disk the flush's ledger.record() error is only logged (src/fs/mod.rs record, src/fs/ops.rs flush): close() returns 0 while the WRITE entry is only in memory, so a kill -9 loses it"]
 fn full_disk_close_is_not_acknowledged_before_its_entry_is_durable() {
     let guard = TmpfsGuard::default();
     let mut tm = full_disk_mount(&guard);
@@ -960,7 +1128,6 @@ fn full_disk_close_is_not_acknowledged_before_its_entry_is_durable() {
 
 /// A write that failed with ENOSPC must not make the handle's next write "stale".
 #[test]
-#[ignore = "BUG: a write that fails (ENOSPC) still bumps mtime, and the handle's `expected` stamp is not refreshed (src/fs/stale.rs after_write only on success): the next write on the same fd fails EACCES STALE_FILE 'written by someone else'"]
 fn failed_write_does_not_make_own_handle_stale() {
     let guard = TmpfsGuard::default();
     let tm = full_disk_mount(&guard);
@@ -1005,7 +1172,10 @@ fn non_utf8_names_are_recorded_losslessly() {
     assert_eq!(b64(&w[0]["path_b64"]), b"caf\xe9.txt");
     assert_eq!(w[0]["path"], "caf\u{fffd}.txt");
     assert_eq!(w[0]["content_hash"], sha256sum(&tm.w("").join(&name2)));
-    let r = l.iter().find(|e| e["mutation_type"] == "RENAME").expect("RENAME entry");
+    let r = l
+        .iter()
+        .find(|e| e["mutation_type"] == "RENAME")
+        .expect("RENAME entry");
     assert_eq!(b64(&r["path_b64"]), b"na\xefve\xff.txt");
     assert_eq!(b64(&r["from_b64"]), b"caf\xe9.txt");
 
@@ -1014,7 +1184,13 @@ fn non_utf8_names_are_recorded_losslessly() {
     let (st, v) = verify_json(&tm.ws);
     assert!(st.success(), "{v:#}");
     let out = ok(
-        cli(&["log".as_ref(), tm.ws.as_os_str(), "--type".as_ref(), "rename".as_ref(), "--json".as_ref()]),
+        cli(&[
+            "log".as_ref(),
+            tm.ws.as_os_str(),
+            "--type".as_ref(),
+            "rename".as_ref(),
+            "--json".as_ref(),
+        ]),
         "log",
     );
     let v: Value = serde_json::from_str(&out).unwrap();
@@ -1031,7 +1207,15 @@ fn log_filters_and_agent_trace_export() {
         .agent("bob")
         .mount();
     tm.sh_ok("echo a > a.txt && mkdir d && echo b > d/b.txt && mv d/b.txt d/c.txt && rm a.txt");
-    ok(run_as(&tm, "ALL", "carol", &["sh", "-c", "echo c > carol.txt && mkdir e"]), "carol");
+    ok(
+        run_as(
+            &tm,
+            "ALL",
+            "carol",
+            &["sh", "-c", "echo c > carol.txt && mkdir e"],
+        ),
+        "carol",
+    );
     let raw = tm.ledger();
     let log = |args: &[&str]| -> Vec<Value> {
         let mut a: Vec<&OsStr> = vec!["log".as_ref(), tm.ws.as_os_str()];
@@ -1045,7 +1229,10 @@ fn log_filters_and_agent_trace_export() {
     let raw_writes = raw.iter().filter(|e| e["mutation_type"] == "WRITE").count();
     assert!(raw_writes >= 3);
     assert_eq!(writes.len(), raw_writes, "{writes:#?}");
-    assert!(writes.iter().all(|e| e["mutation_type"] == "WRITE"), "{writes:#?}");
+    assert!(
+        writes.iter().all(|e| e["mutation_type"] == "WRITE"),
+        "{writes:#?}"
+    );
 
     let carol = log(&["--agent", "carol"]);
     let raw_carol = raw.iter().filter(|e| e["agent"]["name"] == "carol").count();
@@ -1057,19 +1244,43 @@ fn log_filters_and_agent_trace_export() {
     assert_eq!(bob[0]["path"], "d");
     let paths = log(&["--path", "d/**"]);
     assert!(!paths.is_empty());
-    assert!(paths.iter().all(|e| e["path"].as_str().unwrap().starts_with("d/")), "{paths:#?}");
+    assert!(
+        paths
+            .iter()
+            .all(|e| e["path"].as_str().unwrap().starts_with("d/")),
+        "{paths:#?}"
+    );
 
     let out = ok(
-        cli(&["ledger".as_ref(), "export".as_ref(), "--agent-trace".as_ref(), tm.ws.as_os_str()]),
+        cli(&[
+            "ledger".as_ref(),
+            "export".as_ref(),
+            "--agent-trace".as_ref(),
+            tm.ws.as_os_str(),
+        ]),
         "export",
     );
-    let allowed = ["version", "id", "timestamp", "vcs", "tool", "files", "metadata"];
-    let recs: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let allowed = [
+        "version",
+        "id",
+        "timestamp",
+        "vcs",
+        "tool",
+        "files",
+        "metadata",
+    ];
+    let recs: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(recs.len(), raw_writes, "one record per WRITE: {out}");
     for r in &recs {
         let o = r.as_object().unwrap();
         for k in o.keys() {
-            assert!(allowed.contains(&k.as_str()), "top-level key {k:?} not in Agent Trace: {r:#}");
+            assert!(
+                allowed.contains(&k.as_str()),
+                "top-level key {k:?} not in Agent Trace: {r:#}"
+            );
         }
         for k in ["version", "id", "timestamp", "files"] {
             assert!(o.contains_key(k), "no {k}: {r:#}");
@@ -1082,7 +1293,6 @@ fn log_filters_and_agent_trace_export() {
 /// onto stdout and closes the original fd before writing, and every close() is a FUSE
 /// flush, each of which ledgers the handle's writes so far.
 #[test]
-#[ignore = "BUG?: `echo x > f` (bash: open O_TRUNC, dup2, close, write, close) makes two WRITE entries and two ledger fsyncs: the first records the truncated empty file (with created:true for a new file), the second the content without created"]
 fn echo_redirect_is_one_write_entry() {
     let tm = TestMount::builder().policy(ALLOW_ALL).intent("ALL").mount();
     tm.sh_ok("echo new > n.txt");

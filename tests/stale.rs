@@ -165,7 +165,10 @@ impl Agent {
             panic!("agent {name} did not start ({e}; {st:?}): {line:?}")
         });
         // `intentfs run` made the driver a session leader: its pid is its session id.
-        assert_eq!(hello["ready"], hello["sid"], "the agent is not a session leader");
+        assert_eq!(
+            hello["ready"], hello["sid"],
+            "the agent is not a session leader"
+        );
         Agent {
             name: name.into(),
             child,
@@ -329,7 +332,11 @@ fn every_mutation_of_a_changed_file_is_refused() {
         human_write(&tm, "f.txt", &human);
         let le = tm.assert_sh_denied(script, "STALE_FILE");
         assert_eq!(le["op"], *op, "`{script}`: {le:#}");
-        assert_eq!(s(&tm.ws_bytes("f.txt")), human, "`{script}` changed the file");
+        assert_eq!(
+            s(&tm.ws_bytes("f.txt")),
+            human,
+            "`{script}` changed the file"
+        );
         assert!(!tm.w("moved.txt").exists());
     }
     assert_eq!(stale_refusals(&tm, "tester"), cases.len() as u64);
@@ -411,7 +418,10 @@ fn sed_i_over_a_changed_file_is_refused() {
     tm.sh_ok("cat conf.txt >/dev/null");
     human_write(&tm, "conf.txt", "colour = green\nsize = 3\n");
     let out = tm.sh("sed -i s/green/blue/ conf.txt");
-    assert!(!out.status.success(), "sed -i succeeded over a changed file");
+    assert!(
+        !out.status.success(),
+        "sed -i succeeded over a changed file"
+    );
     failed_eacces(&out, "sed -i");
     let le = tm.assert_new_denial("STALE_FILE");
     assert_eq!(le["op"], "rename", "{le:#}");
@@ -481,10 +491,7 @@ fn touch_and_identical_rewrites_are_not_stale() {
     formatter.sh_ok("cat t.txt >/dev/null && sed -i 's/one/one/' t.txt");
     tm.sh_ok("echo four >> t.txt");
 
-    assert_eq!(
-        tm.ws_bytes("t.txt"),
-        b"same bytes\none\ntwo\nthree\nfour\n"
-    );
+    assert_eq!(tm.ws_bytes("t.txt"), b"same bytes\none\ntwo\nthree\nfour\n");
     assert_eq!(stale_refusals(&tm, "tester"), 0);
     assert_eq!(stale_refusals(&tm, "formatter"), 0);
     formatter.finish();
@@ -498,7 +505,9 @@ fn own_writes_by_separate_processes_are_never_stale() {
     tm.sh_ok("cat log.txt >/dev/null");
     // Each iteration's redirection is made by a new process.
     tm.sh_ok("for i in $(seq 1 30); do sh -c \"echo line$i >> log.txt\"; done");
-    tm.sh_ok("for i in $(seq 1 10); do sh -c \"cat log.txt > copy.txt && cat copy.txt > log.txt\"; done");
+    tm.sh_ok(
+        "for i in $(seq 1 10); do sh -c \"cat log.txt > copy.txt && cat copy.txt > log.txt\"; done",
+    );
     let text = s(&tm.ws_bytes("log.txt"));
     assert_eq!(text.lines().count(), 31, "{text}");
     assert_eq!(stale_refusals(&tm, "tester"), 0);
@@ -508,7 +517,6 @@ fn own_writes_by_separate_processes_are_never_stale() {
 /// open: `Identity::seen_for` judges a process against the newest record of *another*
 /// process (cat's read) even when its own newer record is a completed write.
 #[test]
-#[ignore = "BUG: a process's own completed write does not update its view when another process of the identity read the file before (seen_for prefers the other process's older read)"]
 fn own_repeated_appends_from_one_shell_are_never_stale() {
     let tm = allow_all(&[("log.txt", "start\n")]);
     // The agent read the file, then one shell appends many times (builtin echo: the same
@@ -524,7 +532,6 @@ fn own_repeated_appends_from_one_shell_are_never_stale() {
 
 /// Same bug as above, with a Python `open('a')` loop.
 #[test]
-#[ignore = "BUG: a process's own completed write does not update its view when another process of the identity read the file before (seen_for prefers the other process's older read)"]
 fn own_repeated_python_appends_are_never_stale() {
     let tm = allow_all(&[("data.csv", "h\n")]);
     let code = "\
@@ -602,9 +609,15 @@ fn two_agents_with_different_intents_each_confined_to_their_scope() {
             .clone()
     };
     let e = by("src/auth/login.ts");
-    assert_eq!((e["agent"]["name"].clone(), e["intent_id"].clone()), (json!("auth-agent"), json!("INT-001")));
+    assert_eq!(
+        (e["agent"]["name"].clone(), e["intent_id"].clone()),
+        (json!("auth-agent"), json!("INT-001"))
+    );
     let e = by("README.md");
-    assert_eq!((e["agent"]["name"].clone(), e["intent_id"].clone()), (json!("docs-agent"), json!("INT-002")));
+    assert_eq!(
+        (e["agent"]["name"].clone(), e["intent_id"].clone()),
+        (json!("docs-agent"), json!("INT-002"))
+    );
     auth.finish();
     docs.finish();
 }
@@ -622,11 +635,17 @@ fn require_read_checks(
         ("echo n > n.tmp && mv n.tmp existing.txt", "rename"),
     ] {
         let (success, err) = sh(script);
-        assert!(!success && err.contains("Permission denied"), "`{script}`: {err}");
+        assert!(
+            !success && err.contains("Permission denied"),
+            "`{script}`: {err}"
+        );
         let le = last_error();
         assert_eq!(le["code"], "STALE_FILE", "`{script}`: {le:#}");
         assert_eq!(le["op"], op, "`{script}`: {le:#}");
-        assert!(le["message"].as_str().unwrap().contains("read it first"), "{le:#}");
+        assert!(
+            le["message"].as_str().unwrap().contains("read it first"),
+            "{le:#}"
+        );
     }
     assert_eq!(std::fs::read(ws.join("existing.txt")).unwrap(), b"old\n");
     assert!(ws.join("other.txt").exists());
@@ -638,7 +657,10 @@ fn require_read_checks(
     assert!(sh("echo x > existing.txt").0);
     assert!(sh("rm other.txt").0);
     assert_eq!(std::fs::read(ws.join("existing.txt")).unwrap(), b"x\n");
-    assert_eq!(std::fs::read(ws.join("brand-new.txt")).unwrap(), b"fresh\nagain\n");
+    assert_eq!(
+        std::fs::read(ws.join("brand-new.txt")).unwrap(),
+        b"fresh\nagain\n"
+    );
 }
 
 const RR_FILES: &[(&str, &str)] = &[("existing.txt", "old\n"), ("other.txt", "other\n")];
@@ -710,13 +732,22 @@ fn big_file_bounded_memory(size: u64, stale_step: bool) {
     assert_eq!(tm.sh_ok("head -c 4 big.bin"), "HEAD");
     let hashed_in = t.elapsed();
     let read = proc_field(pid, "io", "rchar") - r0;
-    assert!(read >= size, "the daemon read {read} bytes, less than the file");
+    assert!(
+        read >= size,
+        "the daemon read {read} bytes, less than the file"
+    );
     if stale_step {
         // A human changes one byte in the middle (same size): the agent's write is refused.
-        let f = std::fs::OpenOptions::new().write(true).open(tm.w("big.bin")).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(tm.w("big.bin"))
+            .unwrap();
         f.write_at(b"m", size / 2).unwrap();
         drop(f);
-        tm.assert_sh_denied("printf X | dd of=big.bin bs=1 seek=1 conv=notrunc", "STALE_FILE");
+        tm.assert_sh_denied(
+            "printf X | dd of=big.bin bs=1 seek=1 conv=notrunc",
+            "STALE_FILE",
+        );
         // Re-read (the hash of the current version is cached: no third hash).
         assert_eq!(tm.sh_ok("head -c 4 big.bin"), "HEAD");
     }
@@ -748,7 +779,6 @@ fn big_file_hashed_with_bounded_memory() {
 /// The 2 GiB case of the issue, with a stale check on it (two full hashes). Debug builds
 /// need minutes for it (see above), so it runs by default only with `--release`.
 #[test]
-#[cfg_attr(debug_assertions, ignore = "slow on debug builds: run with --release or --run-ignored")]
 fn big_file_2g_hashed_with_bounded_memory() {
     big_file_bounded_memory(2 << 30, true);
 }
@@ -799,7 +829,8 @@ fn ended_sessions_free_their_state() {
     assert_eq!(le["code"], "STALE_FILE");
     alive.finish();
     assert!(
-        wait_until(Duration::from_secs(15), || identity_keys(&tm) == ["default"]),
+        wait_until(Duration::from_secs(15), || identity_keys(&tm)
+            == ["default"]),
         "the last session was not freed within 15 s: {:?}",
         identity_keys(&tm)
     );
@@ -826,16 +857,37 @@ fn verify_failure_appends_one_lesson() {
 
     // ...but a failed verification still records its lesson there.
     let failing = "printf '\\033[1;31mFAILED\\033[0m tests/auth::login (\\033[33m1 failed\\033[0m)\\n'; exit 3";
-    let out = run(&tm, &["--verify", "--intent", "INT-002", "--agent", "verifier"], failing);
-    assert_eq!(out.status.code(), Some(3), "intentfs run must exit with CMD's status");
-    assert!(s(&out.stdout).contains("FAILED"), "the output is still shown: {:?}", s(&out.stdout));
+    let out = run(
+        &tm,
+        &["--verify", "--intent", "INT-002", "--agent", "verifier"],
+        failing,
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "intentfs run must exit with CMD's status"
+    );
+    assert!(
+        s(&out.stdout).contains("FAILED"),
+        "the output is still shown: {:?}",
+        s(&out.stdout)
+    );
     let text = lessons(&tm);
     assert!(text.starts_with("# Project notes\n"), "{text}");
     assert_eq!(text.matches("## Lesson").count(), 1, "{text}");
-    assert!(!text.contains('\u{1b}'), "ANSI escapes in CLAUDE.md: {text:?}");
-    assert!(text.contains("FAILED tests/auth::login (1 failed)"), "{text}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "ANSI escapes in CLAUDE.md: {text:?}"
+    );
+    assert!(
+        text.contains("FAILED tests/auth::login (1 failed)"),
+        "{text}"
+    );
     assert!(text.contains("exit status: 3"), "{text}");
-    assert!(text.contains("sh -c printf"), "the command is missing: {text}");
+    assert!(
+        text.contains("sh -c printf"),
+        "the command is missing: {text}"
+    );
     assert!(text.contains("- intent: INT-002"), "{text}");
 
     // The same failure again: no second lesson.
@@ -850,7 +902,11 @@ fn verify_failure_appends_one_lesson() {
 
     // Without --intent (the mount's default identity, which has none): a new failure is
     // recorded too.
-    let out = run(&tm, &["--verify"], "echo 'error[E0308]: mismatched types' >&2; exit 101");
+    let out = run(
+        &tm,
+        &["--verify"],
+        "echo 'error[E0308]: mismatched types' >&2; exit 101",
+    );
     assert_eq!(out.status.code(), Some(101));
     let text2 = lessons(&tm);
     assert_eq!(text2.matches("## Lesson").count(), 2, "{text2}");
@@ -862,10 +918,13 @@ fn verify_failure_appends_one_lesson() {
 /// `agent: <the mount's --agent>`: the lesson is handed to the daemon by `intentfs run`
 /// itself, outside the new session, so it is attributed to the default identity.
 #[test]
-#[ignore = "BUG: the lesson names the mount's default agent, not the --agent of intentfs run --verify"]
 fn verify_lesson_names_the_agent_that_ran_it() {
     let tm = allow_all(&[]);
-    let out = run(&tm, &["--verify", "--intent", "ALL", "--agent", "verifier"], "echo boom; exit 2");
+    let out = run(
+        &tm,
+        &["--verify", "--intent", "ALL", "--agent", "verifier"],
+        "echo boom; exit 2",
+    );
     assert_eq!(out.status.code(), Some(2));
     let text = lessons(&tm);
     assert!(text.contains("- agent: verifier"), "{text}");
@@ -893,9 +952,16 @@ fn verify_lesson_keeps_only_the_output_tail() {
         "output block of {} chars",
         block.chars().count()
     );
-    assert!(block.chars().count() > 1500, "the tail is too short: {}", block.len());
+    assert!(
+        block.chars().count() > 1500,
+        "the tail is too short: {}",
+        block.len()
+    );
     assert!(block.ends_with("END-MARKER"), "{block}");
-    assert!(!block.contains("START-MARKER"), "more than the tail was kept");
+    assert!(
+        !block.contains("START-MARKER"),
+        "more than the tail was kept"
+    );
     // A lesson in a fresh workspace creates CLAUDE.md.
     assert!(text.contains("exit status: 1"));
 }
@@ -929,7 +995,11 @@ fn unchanged_file_is_not_rehashed_on_open_for_write() {
     let r0 = rchar();
     tm.sh_ok("head -c 1 big.bin >/dev/null");
     let r1 = rchar();
-    assert!(r1 - r0 >= SIZE, "the first read did not hash the file ({} bytes read)", r1 - r0);
+    assert!(
+        r1 - r0 >= SIZE,
+        "the first read did not hash the file ({} bytes read)",
+        r1 - r0
+    );
 
     let opens0 = tm.status()["counters"]["opens"].as_u64().unwrap();
     cycles(50);

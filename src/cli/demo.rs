@@ -22,11 +22,26 @@ pub struct DemoArgs {
 }
 
 const FILES: &[(&str, &str)] = &[
-    ("README.md", "# Demo web project\n\nA tiny API used to try intentfs.\n"),
-    ("src/auth/session.ts", "export function login(user: string) {\n  return `session-${user}`;\n}\n"),
-    ("src/middleware/jwt.ts", "export const verify = (token: string) => token.length > 0;\n"),
-    ("src/routes/users.ts", "export const users = ['ada', 'grace'];\n"),
-    ("tests/auth/session.test.ts", "import { login } from '../../src/auth/session';\n"),
+    (
+        "README.md",
+        "# Demo web project\n\nA tiny API used to try intentfs.\n",
+    ),
+    (
+        "src/auth/session.ts",
+        "export function login(user: string) {\n  return `session-${user}`;\n}\n",
+    ),
+    (
+        "src/middleware/jwt.ts",
+        "export const verify = (token: string) => token.length > 0;\n",
+    ),
+    (
+        "src/routes/users.ts",
+        "export const users = ['ada', 'grace'];\n",
+    ),
+    (
+        "tests/auth/session.test.ts",
+        "import { login } from '../../src/auth/session';\n",
+    ),
     ("docs/index.md", "# Docs\n"),
     (".env", "API_KEY=not-a-real-secret\n"),
 ];
@@ -42,7 +57,10 @@ fn write_workspace(ws: &Path) -> anyhow::Result<()> {
     let orch = ws.join(".orchestration");
     std::fs::create_dir_all(&orch)?;
     std::fs::write(orch.join("active_intents.yaml"), EXAMPLE_POLICY)?;
-    std::fs::write(ws.join(".intentignore"), "# paths no intent may write (gitignore syntax)\n*.lock\n")?;
+    std::fs::write(
+        ws.join(".intentignore"),
+        "# paths no intent may write (gitignore syntax)\n*.lock\n",
+    )?;
     Ok(())
 }
 
@@ -50,7 +68,10 @@ pub fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
     let ws = a.dir.join("workspace");
     let mnt = a.dir.join("mnt");
     if ws.exists() && !ws.join(".orchestration/active_intents.yaml").exists() {
-        bail!("{} exists and is not an intentfs demo workspace; pass another DIR", ws.display());
+        bail!(
+            "{} exists and is not an intentfs demo workspace; pass another DIR",
+            ws.display()
+        );
     }
     if !ws.exists() {
         write_workspace(&ws)?;

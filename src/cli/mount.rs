@@ -16,10 +16,10 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 
 use super::runtime;
+use crate::approval::{Broker, BrokerConfig, Mode};
 use crate::fs::{Fs, FsConfig};
 use crate::fuse::{MountSpec, Mounted};
 use crate::guard::{Guard, Identities, Protected, Rules};
-use crate::approval::{Broker, BrokerConfig, Mode};
 use crate::ledger::{Ledger, LedgerOptions};
 use crate::policy::{IntentIgnore, Policy};
 
@@ -390,13 +390,11 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
             f.message
         );
     }
-    let guard = Arc::new(Guard::new(
-        Rules {
-            policy: plan.policy,
-            ignore: plan.ignore,
-            protected: Protected::new(&extra),
-        },
-    ));
+    let guard = Arc::new(Guard::new(Rules {
+        policy: plan.policy,
+        ignore: plan.ignore,
+        protected: Protected::new(&extra),
+    }));
     let ids = Arc::new(Identities::new(
         plan.args.agent.clone(),
         plan.args.intent.clone(),

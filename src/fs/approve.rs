@@ -52,11 +52,16 @@ impl Fs {
         let started = Instant::now();
         let broker = match &self.approver {
             Approver::Allow => {
-                let a = Answer::Approved { grant: "once", by: "approver:allow".into() };
+                let a = Answer::Approved {
+                    grant: "once",
+                    by: "approver:allow".into(),
+                };
                 return cont(self.settle(spec, a, started));
             }
             Approver::Deny => {
-                let a = Answer::Rejected { by: "approver:deny".into() };
+                let a = Answer::Rejected {
+                    by: "approver:deny".into(),
+                };
                 return cont(self.settle(spec, a, started));
             }
             Approver::Human(b) => b.clone(),
@@ -97,7 +102,12 @@ impl Fs {
     }
 
     /// Apply an answer: grant and ledger it, or refuse. `None` means "re-run".
-    pub(crate) fn settle(&self, spec: AskSpec, answer: Answer, started: Instant) -> Option<FsError> {
+    pub(crate) fn settle(
+        &self,
+        spec: AskSpec,
+        answer: Answer,
+        started: Instant,
+    ) -> Option<FsError> {
         let latency_ms = started.elapsed().as_millis() as u64;
         let (outcome, by, grant) = match &answer {
             Answer::Approved { grant, by } => ("approved", by.clone(), Some(*grant)),
@@ -139,7 +149,11 @@ impl Fs {
                         let glob = spec.rel.to_string_lossy().into_owned();
                         match globset::Glob::new(&globset::escape(&glob)) {
                             Ok(g2) => g.globs.push((glob, g2.compile_matcher())),
-                            Err(_) => g.files.insert((spec.kind, spec.rel.clone())).then_some(()).unwrap_or(()),
+                            Err(_) => g
+                                .files
+                                .insert((spec.kind, spec.rel.clone()))
+                                .then_some(())
+                                .unwrap_or(()),
                         }
                     }
                     _ => g.once.push((spec.kind, spec.rel.clone())),

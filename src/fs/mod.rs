@@ -276,8 +276,12 @@ impl Fs {
     pub(crate) fn alias_rels(&self, node: &Node) -> Vec<PathBuf> {
         let mut out: Vec<PathBuf> = Vec::new();
         for (parent, name) in node.aliases() {
-            let Some(p) = self.table.get(parent) else { continue };
-            let Some(pp) = self.table.path_of(&p) else { continue };
+            let Some(p) = self.table.get(parent) else {
+                continue;
+            };
+            let Some(pp) = self.table.path_of(&p) else {
+                continue;
+            };
             let rel = pp.join(&name);
             if !out.contains(&rel) {
                 out.push(rel);
@@ -366,7 +370,9 @@ impl Fs {
                 if ident.grants.lock().take(GrantKind::Write, rel) {
                     return self.ledger_healthy(ident, caller, op, rel);
                 }
-                if self.guard.rules().policy.approval().out_of_scope == crate::policy::OutOfScope::Ask {
+                if self.guard.rules().policy.approval().out_of_scope
+                    == crate::policy::OutOfScope::Ask
+                {
                     return Err(FsError::Ask(Box::new(approve::AskSpec {
                         kind: GrantKind::Write,
                         ident: ident.clone(),
@@ -415,21 +421,26 @@ impl Fs {
             // Handles on files deleted outside the mount would keep their space allocated
             // on the full disk: let them go.
             self.table.evict_regular();
-            let d = Denial::new(
-                crate::guard::Code::ProtectedPath,
-                op,
-                rel,
-                ident.intent().as_deref(),
-                format!(
-                    "the audit ledger cannot be written ({e}); mutations are refused until it can"
-                ),
-                "Wait and retry later; tell the human that the ledger's disk is full or failing."
-                    .into(),
-            );
-            ident.deny(&d);
-            return Err(FsError::Denied(Box::new(d)));
+            return Err(self.ledger_denial(ident, op, rel, &e.to_string()));
         }
         Ok(())
+    }
+
+    /// The refusal when the ledger cannot take an entry: EACCES, explained in last_error.
+    fn ledger_denial(&self, ident: &Identity, op: &str, rel: &Path, why: &str) -> FsError {
+        let d = Denial::new(
+            crate::guard::Code::ProtectedPath,
+            op,
+            rel,
+            ident.intent().as_deref(),
+            format!(
+                "the audit ledger cannot be written ({why}); mutations are refused until it can"
+            ),
+            "Wait and retry later; tell the human that the ledger's disk is full or failing."
+                .into(),
+        );
+        ident.deny(&d);
+        FsError::Denied(Box::new(d))
     }
 
     /// May the caller change this existing node? Every known name of a hard-linked file
@@ -509,7 +520,7 @@ impl Fs {
             // failure so nothing is acknowledged before its entry is durable.
             tracing::error!("ledger: cannot record {mt:?} of {}: {e}", rel.display());
             self.table.evict_regular();
-            return Err(FsError::Os(libc::EIO));
+            return Err(self.ledger_denial(ident, mt.as_str(), rel, &e.to_string()));
         }
         Ok(())
     }

@@ -199,7 +199,11 @@ impl Fs {
                 if let Ok(f) = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY) {
                     if let Ok((hash, stamp)) = self.hashes.hash(&f) {
                         for r in self.alias_rels(&node) {
-                            ident.saw_own(&r, caller.pid, crate::guard::stale::Seen { stamp, hash });
+                            ident.saw_own(
+                                &r,
+                                caller.pid,
+                                crate::guard::stale::Seen { stamp, hash },
+                            );
                         }
                     }
                 }
@@ -573,7 +577,11 @@ impl Fs {
         let ident = self.authorize(caller, "rename", &from, src_dir)?;
         // Renaming a secret to a name that is not sensitive would expose it.
         if let Err(d) = self.guard.check_read(ident.intent().as_deref(), &from) {
-            if self.guard.check_read(ident.intent().as_deref(), &to).is_ok() {
+            if self
+                .guard
+                .check_read(ident.intent().as_deref(), &to)
+                .is_ok()
+            {
                 self.sensitive_read(&ident, caller, &from, d)?;
             }
         }
@@ -685,12 +693,22 @@ impl Fs {
         };
         let fd = self.fd(&node)?;
         // O_TRUNC empties the file inside the open: keep the old content first (line ranges).
-        let pre = if write_rel.is_some() && flags & libc::O_TRUNC != 0 {
-            sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY)
-                .ok()
-                .and_then(|f| super::hash::read_small(&f, super::stale::RANGE_LIMIT))
+        let (pre, pre_hash) = if write_rel.is_some() && flags & libc::O_TRUNC != 0 {
+            let old = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY).ok();
+            let bytes = old
+                .as_ref()
+                .and_then(|f| super::hash::read_small(f, super::stale::RANGE_LIMIT));
+            let hash = match &bytes {
+                Some(b) => Some(crate::ledger::sha256_bytes(b)),
+                // Too big for a pre-image: the hash only if already known.
+                None => sys::stat_fd(fd.as_fd())
+                    .ok()
+                    .and_then(|st| self.hashes.cached(&super::hash::stamp_of(&st)))
+                    .map(|h| super::hash::to_string(&h)),
+            };
+            (bytes, hash)
         } else {
-            None
+            (None, None)
         };
         let file = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), flags)?;
         let open_intent = h_intent(&write_rel, &ident);
@@ -707,14 +725,17 @@ impl Fs {
             read_recorded: AtomicBool::new(false),
             pre_captured: AtomicBool::new(pre.is_some()),
             pre_image: Mutex::new(pre),
-            prev_hash: Mutex::new(None),
+            prev_hash: Mutex::new(pre_hash),
             epoch: Mutex::new((open_intent, epoch)),
         };
         if let Some(rel) = &write_rel {
             self.prepare_write_handle(&h, rel);
         } else if acc == libc::O_RDONLY {
             // An empty file is read in full by opening it (no read request ever comes).
-            if sys::stat_fd(h.file.as_fd()).map(|s| s.st_size == 0).unwrap_or(false) {
+            if sys::stat_fd(h.file.as_fd())
+                .map(|s| s.st_size == 0)
+                .unwrap_or(false)
+            {
                 self.record_read(&h, caller.pid);
             }
         }
@@ -760,7 +781,9 @@ impl Fs {
             nodes: self.table.len(),
             open_handles: self.table.open_handles(),
             pending: match &self.approver {
-                super::approve::Approver::Human(b) => serde_json::to_value(b.pending()).unwrap_or_default(),
+                super::approve::Approver::Human(b) => {
+                    serde_json::to_value(b.pending()).unwrap_or_default()
+                }
                 _ => serde_json::json!([]),
             },
             counters: serde_json::json!({
@@ -800,13 +823,25 @@ impl Fs {
         let fd = sys::open_path(pfd.as_fd(), name)?;
         let st = sys::stat_fd(fd.as_fd())?;
         let node = self.table.lookup(parent, name, Some(fd), &st);
+        // The creation is on record before the kernel sees the file. If the ledger cannot
+        // take it now, the create fails (fail closed); the entry stays queued and lands when
+        // the ledger can be written again, so the file that exists is never off the record.
+        let draft = Draft {
+            content_hash: Some(crate::ledger::sha256_bytes(b"")),
+            size: Some(0),
+            ..Default::default()
+        };
+        if let Err(e) = self.record(&ident, caller, MutationType::Create, &rel, draft) {
+            self.table.forget(node.nodeid, 1);
+            return Err(e);
+        }
         let h = FileHandle {
             file,
             node: node.clone(),
             identity: ident,
             caller: *caller,
             writable: flags & libc::O_ACCMODE != libc::O_RDONLY,
-            dirty: AtomicBool::new(true),
+            dirty: AtomicBool::new(false),
             created: AtomicBool::new(true),
             wrote: AtomicBool::new(false),
             expected: Mutex::new(None),
@@ -1128,7 +1163,13 @@ impl Fs {
 impl Fs {
     /// A sensitive path is being opened for reading: the policy's `approval.sensitive_read`
     /// says whether to allow, refuse, or ask a human.
-    fn sensitive_read(&self, ident: &Arc<crate::guard::Identity>, caller: &Caller, rel: &Path, d: crate::guard::Denial) -> Result<()> {
+    fn sensitive_read(
+        &self,
+        ident: &Arc<crate::guard::Identity>,
+        caller: &Caller,
+        rel: &Path,
+        d: crate::guard::Denial,
+    ) -> Result<()> {
         use crate::guard::identity::GrantKind;
         use crate::policy::SensitiveRead;
         match self.guard.rules().policy.approval().sensitive_read {
@@ -1151,7 +1192,13 @@ impl Fs {
     }
 
     /// Deletes need a human when the policy says `approval.delete: ask`.
-    fn delete_approval(&self, ident: &Arc<crate::guard::Identity>, caller: &Caller, op: &str, rel: &Path) -> Result<()> {
+    fn delete_approval(
+        &self,
+        ident: &Arc<crate::guard::Identity>,
+        caller: &Caller,
+        op: &str,
+        rel: &Path,
+    ) -> Result<()> {
         use crate::guard::identity::GrantKind;
         if self.guard.rules().policy.approval().delete != crate::policy::DeleteRule::Ask {
             return Ok(());
@@ -1164,7 +1211,10 @@ impl Fs {
             op,
             rel,
             ident.intent().as_deref(),
-            format!("deleting {} needs a human's approval (policy approval.delete: ask)", rel.display()),
+            format!(
+                "deleting {} needs a human's approval (policy approval.delete: ask)",
+                rel.display()
+            ),
             "Do not delete this; ask the human, or leave the file in place.".into(),
         );
         Err(FsError::Ask(Box::new(super::approve::AskSpec {

@@ -151,7 +151,11 @@ impl Fs {
         if h.read_recorded.swap(true, Ordering::AcqRel) {
             return;
         }
-        let rels: Vec<_> = self.alias_rels(&h.node).into_iter().filter(|r| !untracked(r)).collect();
+        let rels: Vec<_> = self
+            .alias_rels(&h.node)
+            .into_iter()
+            .filter(|r| !untracked(r))
+            .collect();
         if rels.is_empty() {
             return;
         }
@@ -220,8 +224,10 @@ impl Fs {
             if untracked(rel) || h.created.load(Ordering::Relaxed) {
                 return;
             }
-            if let Some(hh) = self.hashes.cached(&stamp_of(&st)) {
-                *h.prev_hash.lock() = Some(hash::to_string(&hh));
+            if h.prev_hash.lock().is_none() {
+                if let Some(hh) = self.hashes.cached(&stamp_of(&st)) {
+                    *h.prev_hash.lock() = Some(hash::to_string(&hh));
+                }
             }
         }
     }
@@ -234,7 +240,9 @@ impl Fs {
         if *h.epoch.lock() != now {
             match self.authorize_node(&h.caller, "write", &h.node) {
                 Ok(_) => *h.epoch.lock() = now,
-                Err(FsError::Ask(spec)) => return Err(self.deny(&spec.ident, &spec.caller, spec.denial)),
+                Err(FsError::Ask(spec)) => {
+                    return Err(self.deny(&spec.ident, &spec.caller, spec.denial))
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -315,9 +323,14 @@ impl Fs {
                 draft.size = Some(stamp.size);
                 // The identity's own completed write supersedes every older view, under
                 // every name of the file.
-                for alias in self.alias_rels(&h.node).into_iter().chain(std::iter::once(rel.clone())) {
+                for alias in self
+                    .alias_rels(&h.node)
+                    .into_iter()
+                    .chain(std::iter::once(rel.clone()))
+                {
                     if !untracked(&alias) {
-                        h.identity.saw_own(&alias, h.caller.pid, Seen { stamp, hash: h32 });
+                        h.identity
+                            .saw_own(&alias, h.caller.pid, Seen { stamp, hash: h32 });
                     }
                 }
                 draft.prev_content_hash = h.prev_hash.lock().replace(hash::to_string(&h32));

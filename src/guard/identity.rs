@@ -91,7 +91,10 @@ pub struct Breaker {
 
 impl Default for Breaker {
     fn default() -> Self {
-        Breaker { limit: 20, window: Duration::from_secs(60) }
+        Breaker {
+            limit: 20,
+            window: Duration::from_secs(60),
+        }
     }
 }
 
@@ -126,7 +129,11 @@ impl Identity {
         let now = Instant::now();
         let mut q = self.recent_denials.lock();
         q.push_back(now);
-        while q.front().map(|t| now.duration_since(*t) > b.window).unwrap_or(false) {
+        while q
+            .front()
+            .map(|t| now.duration_since(*t) > b.window)
+            .unwrap_or(false)
+        {
             q.pop_front();
         }
         if q.len() >= b.limit {
@@ -188,7 +195,12 @@ impl Identity {
     /// Record the identity's own completed change: it supersedes every older view (an
     /// identity never goes stale against itself).
     pub fn saw_own(&self, rel: &Path, pid: u32, s: Seen) {
-        self.seen.lock().insert(rel.to_path_buf(), SeenBy { recs: [Some((pid, s)), None] });
+        self.seen.lock().insert(
+            rel.to_path_buf(),
+            SeenBy {
+                recs: [Some((pid, s)), None],
+            },
+        );
     }
 
     /// Exchange what was seen under two paths (RENAME_EXCHANGE).
@@ -329,7 +341,10 @@ impl Identities {
             return Some(self.default.clone());
         }
         let sessions = self.sessions.read();
-        if let Some(sid) = key.strip_prefix("session:").and_then(|s| s.parse::<i32>().ok()) {
+        if let Some(sid) = key
+            .strip_prefix("session:")
+            .and_then(|s| s.parse::<i32>().ok())
+        {
             return sessions.get(&sid).cloned();
         }
         sessions.values().find(|i| i.name == key).cloned()

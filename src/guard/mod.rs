@@ -204,7 +204,8 @@ impl Guard {
     /// Install newly loaded rules.
     pub fn replace(&self, rules: Rules) {
         *self.rules.write() = Arc::new(rules);
-        self.generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         *self.reload_error.lock() = None;
     }
 

@@ -24,13 +24,11 @@ intents:
 fn guard(ignore: &str) -> Guard {
     let policy = Policy::parse(POLICY, Path::new("policy.yaml")).expect("policy parses");
     let ignore = IntentIgnore::parse(ignore, Path::new(".intentignore")).expect("ignore parses");
-    Guard::new(
-        Rules {
-            policy,
-            ignore,
-            protected: Protected::new(&[PathBuf::from("custom/ledger.jsonl")]),
-        },
-    )
+    Guard::new(Rules {
+        policy,
+        ignore,
+        protected: Protected::new(&[PathBuf::from("custom/ledger.jsonl")]),
+    })
 }
 
 #[test]
@@ -93,7 +91,12 @@ fn write_decisions() {
         (Some("ALL"), ".git/index", false, None),
         (Some("INT-001"), ".git/index.lock", false, None),
         (Some("INT-001"), ".git/objects/ab/cdef", false, None),
-        (Some("INT-001"), ".git/hooks/post-commit", false, Some(Code::ProtectedPath)),
+        (
+            Some("INT-001"),
+            ".git/hooks/post-commit",
+            false,
+            Some(Code::ProtectedPath),
+        ),
         (None, ".git/index", false, Some(Code::NoIntent)),
         (
             Some("ALL"),

@@ -123,11 +123,17 @@ fn replay(entries: &[(u64, Entry)]) -> (HashMap<PathBuf, FileAttr>, Vec<Change>)
                     files.insert(path.clone(), attr);
                 }
             }
-            MutationType::Write | MutationType::Truncate | MutationType::Mknod => {
+            MutationType::Write
+            | MutationType::Truncate
+            | MutationType::Mknod
+            | MutationType::Create => {
                 let idx = changes.len();
                 changes.push(change_of(e));
                 let attr = files.entry(path.clone()).or_default();
-                if e.created || e.mutation_type == MutationType::Mknod {
+                if e.created
+                    || e.mutation_type == MutationType::Mknod
+                    || e.mutation_type == MutationType::Create
+                {
                     *attr = FileAttr::default();
                 }
                 attr.versions.push(idx);

@@ -33,6 +33,8 @@ pub struct Agent {
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum MutationType {
     Write,
+    /// A regular file created (empty) through the mount; its content follows as WRITE.
+    Create,
     Delete,
     Rename,
     Mkdir,
@@ -54,8 +56,9 @@ pub enum MutationType {
 
 impl MutationType {
     /// Every variant, in declaration order (for parsing and help text).
-    pub const ALL: [MutationType; 18] = [
+    pub const ALL: [MutationType; 19] = [
         MutationType::Write,
+        MutationType::Create,
         MutationType::Delete,
         MutationType::Rename,
         MutationType::Mkdir,
@@ -79,6 +82,7 @@ impl MutationType {
     pub fn as_str(self) -> &'static str {
         match self {
             MutationType::Write => "WRITE",
+            MutationType::Create => "CREATE",
             MutationType::Delete => "DELETE",
             MutationType::Rename => "RENAME",
             MutationType::Mkdir => "MKDIR",

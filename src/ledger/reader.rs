@@ -421,7 +421,13 @@ pub fn last_hashes(entries: &[(u64, Entry)]) -> HashMap<PathBuf, (String, u64, S
             (Some(h), _) => {
                 state.insert(path, (h.clone(), *line, e.id.clone()));
             }
-            (None, MutationType::Write | MutationType::Truncate | MutationType::Mknod) => {
+            (
+                None,
+                MutationType::Write
+                | MutationType::Truncate
+                | MutationType::Mknod
+                | MutationType::Create,
+            ) => {
                 state.remove(&path);
             }
             (None, _) => {}

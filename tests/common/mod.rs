@@ -6,12 +6,12 @@
 
 #![allow(dead_code)]
 
-use std::sync::atomic::{AtomicU64, Ordering as AtOrd};
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering as AtOrd};
 use std::time::{Duration, Instant};
 
 /// The binary under test (built by cargo for the integration tests).
@@ -26,7 +26,10 @@ pub const EXAMPLE: &str = include_str!("../../policies/example.yaml");
 /// outright (SCOPE_VIOLATION) instead of asking a human, whatever `--approver` says.
 pub fn example_deny() -> String {
     let s = EXAMPLE.replacen("out_of_scope: ask", "out_of_scope: deny", 1);
-    assert_ne!(s, EXAMPLE, "policies/example.yaml no longer has `out_of_scope: ask`");
+    assert_ne!(
+        s, EXAMPLE,
+        "policies/example.yaml no longer has `out_of_scope: ask`"
+    );
     s
 }
 
@@ -181,7 +184,10 @@ impl Builder {
     pub fn mount(self) -> TestMount {
         let shm = Path::new("/dev/shm");
         let dir = if self.shm && shm.is_dir() {
-            tempfile::Builder::new().prefix("intentfs-test-").tempdir_in(shm).ok()
+            tempfile::Builder::new()
+                .prefix("intentfs-test-")
+                .tempdir_in(shm)
+                .ok()
         } else {
             None
         };
@@ -224,7 +230,10 @@ impl Builder {
         }
         // Tests answer approvals unattended (refuse at once) unless they choose a channel:
         // the daemon's own default (desktop or cli) would wait for a person.
-        if !args.iter().any(|a| a.to_string_lossy().starts_with("--approver")) {
+        if !args
+            .iter()
+            .any(|a| a.to_string_lossy().starts_with("--approver"))
+        {
             args.push("--approver".into());
             args.push("deny".into());
         }
