@@ -539,7 +539,6 @@ fn verify_catches_a_changed_byte_and_drift() {
 
 /// Dropping the newest entries (or editing the last one) must not go unnoticed.
 #[test]
-#[ignore = "BUG (design gap): a pure backward chain has no anchor for its head; deleting or editing the LAST ledger line passes `intentfs ledger verify` (issue 4: any deleted line is reported)"]
 fn verify_catches_a_deleted_last_line() {
     let mut tm = TestMount::builder().policy(ALLOW_ALL).intent("ALL").mount();
     std::fs::write(tm.m("a.txt"), "a\n").unwrap();

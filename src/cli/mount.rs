@@ -224,7 +224,8 @@ fn validate(a: MountArgs) -> anyhow::Result<Plan> {
 /// The policy and ledger files count as protected when they live inside the workspace.
 fn protected_extra(plan: &Plan) -> Vec<PathBuf> {
     let mut v = Vec::new();
-    for p in [&plan.policy_path, &plan.ledger_path] {
+    let head = crate::ledger::writer::head_path(&plan.ledger_path);
+    for p in [&plan.policy_path, &plan.ledger_path, &head] {
         let abs = if p.is_absolute() {
             p.clone()
         } else {

@@ -127,6 +127,9 @@ pub enum FindingKind {
     ChainBroken,
     /// The file does not end with `\n` (a torn write; repaired at the next mount).
     TornTail,
+    /// The file is shorter than, or its line at the checkpoint differs from, the head
+    /// checkpoint (`<ledger>.head`): the last lines were deleted or rewritten.
+    Truncated,
 }
 
 /// One problem found by [`verify_chain`].
@@ -299,9 +302,20 @@ struct PrevOnly {
 pub fn verify_chain(path: &Path) -> io::Result<VerifyReport> {
     let mut checker = ChainChecker::new();
     let mut entries = 0;
+    // A backward chain cannot tell that its last lines are gone: the writer keeps a head
+    // checkpoint (entries and the hash of the last durable line) beside the ledger.
+    let head = crate::ledger::writer::read_head(path);
+    let mut head_line_hash: Option<String> = None;
     for line in lines(path)? {
         let line = line?;
         entries += 1;
+        if let Some(h) = &head {
+            if entries == h.entries {
+                let mut bytes = line.content().to_vec();
+                bytes.push(b'\n');
+                head_line_hash = Some(hex::encode(sha2::Sha256::digest(&bytes)));
+            }
+        }
         match parse_line(line.content()) {
             Ok(e) => checker.push(&line, Some(&e.prev), None),
             Err(err) => {
@@ -315,10 +329,39 @@ pub fn verify_chain(path: &Path) -> io::Result<VerifyReport> {
             }
         }
     }
-    Ok(VerifyReport {
-        entries,
-        findings: checker.finish(),
-    })
+    let mut findings = checker.finish();
+    // Only needed when the chain is otherwise intact: any break already shows where lines
+    // went missing; an intact chain that is shorter than the checkpoint lost its tail.
+    if let Some(h) = head.filter(|_| findings.is_empty()) {
+        if entries < h.entries {
+            findings.push(Finding {
+                line: entries + 1,
+                kind: FindingKind::Truncated,
+                prev_matches_line: None,
+                message: format!(
+                    "line {}: the ledger ends after {entries} entries, but its head checkpoint ({}) recorded {} \
+                     durable entries: the last {} line(s) were deleted",
+                    entries + 1,
+                    crate::ledger::writer::head_path(path).display(),
+                    h.entries,
+                    h.entries - entries
+                ),
+            });
+        } else if h.entries > 0 && head_line_hash.as_deref() != Some(h.last.as_str()) {
+            findings.push(Finding {
+                line: h.entries,
+                kind: FindingKind::Truncated,
+                prev_matches_line: None,
+                message: format!(
+                    "line {}: differs from the head checkpoint's last durable line (edited, or lines deleted \
+                     and others written in their place)",
+                    h.entries
+                ),
+            });
+        }
+    }
+    findings.sort_by_key(|f| f.line);
+    Ok(VerifyReport { entries, findings })
 }
 
 /// How a file differs from what the ledger last recorded.

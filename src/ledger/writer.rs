@@ -213,6 +213,7 @@ impl Ledger {
             waiters: Vec::new(),
             entries: scan.kept_lines,
             dirty_tail: false,
+            path: path.to_path_buf(),
         };
         if scan.file_len > scan.good_len {
             let removed = scan.file_len - scan.good_len;
@@ -424,6 +425,8 @@ struct WriterState {
     entries: u64,
     /// The file may extend past `good_len` (a failed write whose truncation failed).
     dirty_tail: bool,
+    /// The ledger's path (for the head checkpoint beside it).
+    path: PathBuf,
 }
 
 impl WriterState {
@@ -507,6 +510,11 @@ impl WriterState {
             Ok(()) => {
                 self.good_len += self.pending.len() as u64;
                 self.pending.clear();
+                // The checkpoint may lag (a crash between fsync and rename): it is a lower
+                // bound of what is durable, which is all verify needs.
+                if let Err(e) = write_head(&self.path, self.entries, &self.last_hash) {
+                    tracing::warn!("ledger head checkpoint: {e}");
+                }
                 Ok(())
             }
             Err(e) => {
@@ -632,4 +640,34 @@ fn writer_loop(
         std::thread::sleep(RETRY_EVERY);
     }
     *health.lock() = Some("ledger is shut down".to_owned());
+}
+
+/// The head checkpoint beside a ledger: how many entries are durable and the hash of the
+/// last one, so `verify` detects deleted or rewritten last lines.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    pub entries: u64,
+    pub last: String,
+}
+
+/// `<ledger>.head`.
+pub fn head_path(ledger: &Path) -> PathBuf {
+    let mut p = ledger.as_os_str().to_os_string();
+    p.push(".head");
+    PathBuf::from(p)
+}
+
+/// Read the head checkpoint, if there is one.
+pub fn read_head(ledger: &Path) -> Option<Head> {
+    serde_json::from_slice(&std::fs::read(head_path(ledger)).ok()?).ok()
+}
+
+fn write_head(ledger: &Path, entries: u64, last: &str) -> io::Result<()> {
+    let head = head_path(ledger);
+    let mut tmp = head.as_os_str().to_os_string();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let body = serde_json::to_vec(&Head { entries, last: last.to_owned() }).map_err(io::Error::other)?;
+    std::fs::write(&tmp, body)?;
+    std::fs::rename(&tmp, &head)
 }
