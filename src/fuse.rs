@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
     Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
@@ -176,9 +176,13 @@ impl Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // O_TRUNC arrives with open instead of a separate setattr, so the truncation is
         // authorized together with the open.
+        // READDIRPLUS_AUTO: a listing carries every entry's attributes, so a walk (`find`,
+        // `git status`, `rg`) does not pay one lookup round trip per entry.
         let wanted = InitFlags::FUSE_ATOMIC_O_TRUNC
             | InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_MAX_PAGES;
+            | InitFlags::FUSE_MAX_PAGES
+            | InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO;
         let _ = config.add_capabilities(wanted & config.capabilities());
         let _ = config.set_max_write(1024 * 1024);
         Ok(())
@@ -460,6 +464,16 @@ impl Filesystem for FuseFs {
             .readdir(ino.0, fh.0, offset as i64, |i, off, t, name| {
                 reply.add(INodeNo(i), off as u64, dtype(t), name)
             });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let r = self.fs.readdirplus(ino.0, fh.0, offset as i64, |e, off, name| {
+            reply.add(INodeNo(e.nodeid), off as u64, name, &TTL, &attr(e.nodeid, &e.st), Generation(0))
+        });
         match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),

@@ -253,8 +253,51 @@ fn load_rules(policy_path: &Path, workspace: &Path, extra: &[PathBuf]) -> Result
     })
 }
 
+/// Why the workspace looks writable by users other than the mount's owner, if it does: a
+/// directory from the workspace up to `/` that is writable by group or others (a sticky
+/// parent such as `/tmp` excepted: others cannot replace what they do not own there), or
+/// owned by a uid other than `owner` and root. With `--allow-other` such users may be the
+/// very agents the mount governs, and writing the workspace directly bypasses intentfs.
+/// (Only these directories are checked, not the tree below the workspace.)
+fn backing_exposure(workspace: &Path, owner: u32) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut dir = Some(workspace);
+    while let Some(d) = dir {
+        if let Ok(m) = std::fs::metadata(d) {
+            let mode = m.mode() & 0o7777;
+            if m.uid() != owner && m.uid() != 0 {
+                return Some(format!("{} is owned by uid {}", d.display(), m.uid()));
+            }
+            let sticky_parent = d != workspace && mode & 0o1000 != 0;
+            if mode & 0o022 != 0 && !sticky_parent {
+                let who = match (mode & 0o020 != 0, mode & 0o002 != 0) {
+                    (true, true) => "group and others",
+                    (true, false) => "its group",
+                    _ => "others",
+                };
+                return Some(format!(
+                    "{} has mode {mode:04o}: writable by {who}",
+                    d.display()
+                ));
+            }
+        }
+        dir = d.parent();
+    }
+    None
+}
+
 pub fn run(a: MountArgs) -> anyhow::Result<ExitCode> {
     let plan = validate(a)?;
+    if plan.args.allow_other {
+        // SAFETY: geteuid has no preconditions.
+        if let Some(why) = backing_exposure(&plan.workspace, unsafe { libc::geteuid() }) {
+            eprintln!(
+                "warning: {} is writable by other users; agents sharing this mount could bypass \
+                 intentfs by writing it directly (see mount/containers.md)\n  ({why})",
+                plan.workspace.display()
+            );
+        }
+    }
     let rt = runtime::create(&plan.mountpoint).context("creating the runtime directory")?;
     if plan.args.foreground {
         init_logging(None);
@@ -604,4 +647,66 @@ fn notify_human(summary: &str, body: &str) {
         .summary(summary)
         .body(body)
         .show();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::backing_exposure;
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
+
+    fn chmod(p: &Path, mode: u32) {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    /// Does the finding (if any) name `p` itself?
+    fn names(r: &Option<String>, p: &Path) -> bool {
+        r.as_deref()
+            .is_some_and(|r| r.starts_with(&format!("{} ", p.display())))
+    }
+
+    #[test]
+    fn backing_exposure_finds_writable_or_foreign_directories() {
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let t = tempfile::tempdir().unwrap();
+        let parent = t.path().canonicalize().unwrap().join("parent");
+        let ws = parent.join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        chmod(&parent, 0o755);
+        chmod(&ws, 0o755);
+        // Private directories: nothing to say about them (what is above the temp dir
+        // depends on the machine).
+        let r = backing_exposure(&ws, me);
+        assert!(!names(&r, &ws) && !names(&r, &parent), "{r:?}");
+
+        chmod(&ws, 0o777);
+        let r = backing_exposure(&ws, me);
+        assert!(names(&r, &ws) && r.as_ref().unwrap().contains("group and others"), "{r:?}");
+        chmod(&ws, 0o775);
+        let r = backing_exposure(&ws, me);
+        assert!(names(&r, &ws) && r.as_ref().unwrap().contains("0775"), "{r:?}");
+        // The sticky bit does not make the workspace itself safe...
+        chmod(&ws, 0o1777);
+        assert!(names(&backing_exposure(&ws, me), &ws));
+        chmod(&ws, 0o755);
+        // ...but a sticky parent (like /tmp) is fine; a plain world-writable one is not.
+        chmod(&parent, 0o1777);
+        let r = backing_exposure(&ws, me);
+        assert!(!names(&r, &ws) && !names(&r, &parent), "{r:?}");
+        chmod(&parent, 0o757);
+        let r = backing_exposure(&ws, me);
+        assert!(names(&r, &parent) && r.as_ref().unwrap().contains("others"), "{r:?}");
+        chmod(&parent, 0o755);
+
+        // Owned by another uid (root-owned directories are not a finding).
+        if me == 0 {
+            std::os::unix::fs::chown(&ws, Some(4242), None).unwrap();
+            let r = backing_exposure(&ws, 0);
+            assert!(names(&r, &ws) && r.as_ref().unwrap().contains("uid 4242"), "{r:?}");
+        } else {
+            let r = backing_exposure(&ws, me + 1);
+            assert!(names(&r, &ws) && r.as_ref().unwrap().contains(&format!("uid {me}")), "{r:?}");
+        }
+    }
 }

@@ -1088,6 +1088,66 @@ impl Fs {
         Ok(())
     }
 
+    /// List a directory with each entry's attributes (readdirplus): one request instead of
+    /// a lookup per entry. `add(entry, next_offset, name)` returns true when the reply is
+    /// full; only entries that fit count as kernel lookups (not `.` and `..`).
+    pub fn readdirplus(&self, nodeid: u64, fh: u64, offset: i64, mut add: impl FnMut(&Entry, i64, &OsStr) -> bool) -> Result<()> {
+        if nodeid == control::DIR_INO {
+            // The control directory is tiny: plain entries with their attributes.
+            let mut entries: Vec<(Entry, OsString)> = vec![
+                (Entry { nodeid: control::DIR_INO, st: control::dir_stat(self.started) }, ".".into()),
+                (Entry { nodeid: ROOT, st: control::dir_stat(self.started) }, "..".into()),
+            ];
+            for f in control::FILES {
+                entries.push((Entry { nodeid: f.ino(), st: control::file_stat(f, self.started) }, f.name().into()));
+            }
+            for (i, (e, n)) in entries.iter().enumerate().skip(offset as usize) {
+                if add(e, i as i64 + 1, n) {
+                    break;
+                }
+            }
+            return Ok(());
+        }
+        let dir = self.node(nodeid)?;
+        let d = self.dir_handle(fh)?;
+        let mut ds = d.lock();
+        ds.seek(offset);
+        while let Some(e) = ds.next_entry()? {
+            let name = OsStr::from_bytes(&e.name);
+            if nodeid == ROOT && name == OsStr::new(control::DIR_NAME) {
+                continue;
+            }
+            if e.name == b"." || e.name == b".." {
+                // The kernel never links `.` and `..` from a listing, so they are not
+                // counted; their attributes are informative only.
+                let st = match sys::stat_fd(self.fd(&dir)?.as_fd()) {
+                    Ok(st) => st,
+                    Err(_) => continue,
+                };
+                let id = if e.name == b"." || nodeid == ROOT { nodeid } else { e.ino };
+                let ent = Entry { nodeid: id, st };
+                if add(&ent, e.offset, name) {
+                    break;
+                }
+                continue;
+            }
+            let st = match sys::stat_at(ds.fd(), name) {
+                Ok(st) => st,
+                Err(_) => continue, // gone since listed
+            };
+            let (node, existed) = self.table.peek(nodeid, name, &st);
+            let ent = Entry { nodeid: node.nodeid, st };
+            if add(&ent, e.offset, name) {
+                if !existed {
+                    self.table.discard_unreferenced(&node);
+                }
+                break;
+            }
+            self.table.count_lookup(&node);
+        }
+        Ok(())
+    }
+
     // ----- xattrs ------------------------------------------------------------------
 
     pub fn getxattr(&self, nodeid: u64, name: &OsStr, size: u32) -> Result<Vec<u8>> {
