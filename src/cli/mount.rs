@@ -682,10 +682,16 @@ mod tests {
 
         chmod(&ws, 0o777);
         let r = backing_exposure(&ws, me);
-        assert!(names(&r, &ws) && r.as_ref().unwrap().contains("group and others"), "{r:?}");
+        assert!(
+            names(&r, &ws) && r.as_ref().unwrap().contains("group and others"),
+            "{r:?}"
+        );
         chmod(&ws, 0o775);
         let r = backing_exposure(&ws, me);
-        assert!(names(&r, &ws) && r.as_ref().unwrap().contains("0775"), "{r:?}");
+        assert!(
+            names(&r, &ws) && r.as_ref().unwrap().contains("0775"),
+            "{r:?}"
+        );
         // The sticky bit does not make the workspace itself safe...
         chmod(&ws, 0o1777);
         assert!(names(&backing_exposure(&ws, me), &ws));
@@ -696,17 +702,26 @@ mod tests {
         assert!(!names(&r, &ws) && !names(&r, &parent), "{r:?}");
         chmod(&parent, 0o757);
         let r = backing_exposure(&ws, me);
-        assert!(names(&r, &parent) && r.as_ref().unwrap().contains("others"), "{r:?}");
+        assert!(
+            names(&r, &parent) && r.as_ref().unwrap().contains("others"),
+            "{r:?}"
+        );
         chmod(&parent, 0o755);
 
         // Owned by another uid (root-owned directories are not a finding).
         if me == 0 {
             std::os::unix::fs::chown(&ws, Some(4242), None).unwrap();
             let r = backing_exposure(&ws, 0);
-            assert!(names(&r, &ws) && r.as_ref().unwrap().contains("uid 4242"), "{r:?}");
+            assert!(
+                names(&r, &ws) && r.as_ref().unwrap().contains("uid 4242"),
+                "{r:?}"
+            );
         } else {
             let r = backing_exposure(&ws, me + 1);
-            assert!(names(&r, &ws) && r.as_ref().unwrap().contains(&format!("uid {me}")), "{r:?}");
+            assert!(
+                names(&r, &ws) && r.as_ref().unwrap().contains(&format!("uid {me}")),
+                "{r:?}"
+            );
         }
     }
 }

@@ -48,6 +48,9 @@ pub struct Node {
     names: Mutex<Vec<(u64, OsString)>>,
     /// Shared count of handles held by nodes, for the eviction cap.
     open_count: Arc<AtomicUsize>,
+    /// The stamp at the last read-only open, to let the kernel keep its page cache when the
+    /// file is unchanged; cleared by any open for write.
+    pub last_open: Mutex<Option<crate::guard::stale::Stamp>>,
 }
 
 impl Node {
@@ -110,6 +113,7 @@ impl InodeTable {
             fd: Mutex::new(Some(Arc::new(root_fd))),
             names: Mutex::new(Vec::new()),
             open_count: open_count.clone(),
+            last_open: Mutex::new(None),
         });
         let mut nodes = HashMap::new();
         nodes.insert(ROOT, root.clone());
@@ -323,6 +327,7 @@ impl InodeTable {
             fd: Mutex::new(None),
             names: Mutex::new(vec![(parent, name.to_os_string())]),
             open_count: self.open_count.clone(),
+            last_open: Mutex::new(None),
         });
         inner.nodes.insert(nodeid, node.clone());
         inner.by_backing.insert((st.st_dev, st.st_ino), nodeid);

@@ -728,14 +728,21 @@ impl Fs {
             prev_hash: Mutex::new(pre_hash),
             epoch: Mutex::new((open_intent, epoch)),
         };
+        let mut keep_cache = false;
         if let Some(rel) = &write_rel {
+            *h.node.last_open.lock() = None;
             self.prepare_write_handle(&h, rel);
-        } else if acc == libc::O_RDONLY {
+        } else if let Ok(st) = sys::stat_fd(h.file.as_fd()) {
+            let now = super::hash::stamp_of(&st);
+            // FOPEN_KEEP_CACHE when the file is unchanged since the last read-only open and
+            // its hash is known: reads may then be served from the page cache without
+            // reaching the daemon, so what the identity sees is recorded here, at open.
+            let mut last = h.node.last_open.lock();
+            keep_cache = *last == Some(now) && self.hashes.cached(&now).is_some();
+            *last = Some(now);
+            drop(last);
             // An empty file is read in full by opening it (no read request ever comes).
-            if sys::stat_fd(h.file.as_fd())
-                .map(|s| s.st_size == 0)
-                .unwrap_or(false)
-            {
+            if keep_cache || st.st_size == 0 {
                 self.record_read(&h, caller.pid);
             }
         }
@@ -744,7 +751,7 @@ impl Fs {
             fh,
             OpenOpts {
                 direct_io: false,
-                keep_cache: false,
+                keep_cache,
             },
         ))
     }
