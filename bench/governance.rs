@@ -92,18 +92,31 @@ fn bench_policy(c: &mut Criterion) {
     // Sanity: the sets are what their names say.
     let n_hit = hit.iter().filter(|p| big.scope_match(p).is_some()).count();
     let n_miss = miss.iter().filter(|p| big.scope_match(p).is_some()).count();
-    assert_eq!((n_hit, n_miss), (hit.len(), 0), "bench path sets are miscalibrated");
-    let mixed: Vec<PathBuf> = hit.iter().zip(&miss).flat_map(|(a, b)| [a.clone(), b.clone()]).collect();
+    assert_eq!(
+        (n_hit, n_miss),
+        (hit.len(), 0),
+        "bench path sets are miscalibrated"
+    );
+    let mixed: Vec<PathBuf> = hit
+        .iter()
+        .zip(&miss)
+        .flat_map(|(a, b)| [a.clone(), b.clone()])
+        .collect();
 
     let mut g = c.benchmark_group("policy_1000_globs");
-    g.measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
 
     g.throughput(Throughput::Bytes(yaml.len() as u64));
     g.bench_function("parse_compile", |b| {
         b.iter(|| Policy::parse(black_box(&yaml), Path::new("bench-1000.yaml")).unwrap())
     });
 
-    for (name, set) in [("scope_match_hit", &hit), ("scope_match_miss", &miss), ("scope_match_mixed", &mixed)] {
+    for (name, set) in [
+        ("scope_match_hit", &hit),
+        ("scope_match_miss", &miss),
+        ("scope_match_mixed", &mixed),
+    ] {
         g.throughput(Throughput::Elements(set.len() as u64));
         g.bench_function(name, |b| {
             b.iter(|| {
@@ -120,7 +133,11 @@ fn bench_policy(c: &mut Criterion) {
     // the daemon makes it for every mutation.
     let guard = Guard::new(Rules {
         policy: Policy::parse(&yaml, Path::new("bench-1000.yaml")).unwrap(),
-        ignore: IntentIgnore::parse("target/\n*.log\nnode_modules/\n", Path::new(".intentignore")).unwrap(),
+        ignore: IntentIgnore::parse(
+            "target/\n*.log\nnode_modules/\n",
+            Path::new(".intentignore"),
+        )
+        .unwrap(),
         protected: Protected::new(&[]),
     });
     g.throughput(Throughput::Elements(mixed.len() as u64));
@@ -128,7 +145,9 @@ fn bench_policy(c: &mut Criterion) {
         b.iter(|| {
             let mut n = 0usize;
             for p in &mixed {
-                n += guard.check_write(Some("BIG"), "write", black_box(p), false).is_ok() as usize;
+                n += guard
+                    .check_write(Some("BIG"), "write", black_box(p), false)
+                    .is_ok() as usize;
             }
             n
         })
@@ -147,7 +166,9 @@ fn bench_policy(c: &mut Criterion) {
         b.iter(|| {
             let mut n = 0usize;
             for p in &mixed {
-                n += all.check_write(Some("ALL"), "write", black_box(p), false).is_ok() as usize;
+                n += all
+                    .check_write(Some("ALL"), "write", black_box(p), false)
+                    .is_ok() as usize;
             }
             n
         })
@@ -167,7 +188,10 @@ fn bench_hash(c: &mut Criterion) {
         x ^= x << 17;
         chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
     }
-    std::fs::File::create(&path).unwrap().write_all(&data).unwrap();
+    std::fs::File::create(&path)
+        .unwrap()
+        .write_all(&data)
+        .unwrap();
     let file = std::fs::File::open(&path).unwrap();
 
     let mut g = c.benchmark_group("sha256_64MiB");
@@ -184,7 +208,9 @@ fn bench_hash(c: &mut Criterion) {
         })
     });
     // The hash alone, from memory (sha2 with the `asm` feature; SHA-NI when the CPU has it).
-    g.bench_function("sha2_in_memory", |b| b.iter(|| Sha256::digest(black_box(&data))));
+    g.bench_function("sha2_in_memory", |b| {
+        b.iter(|| Sha256::digest(black_box(&data)))
+    });
     g.finish();
 }
 
@@ -199,7 +225,11 @@ fn draft(i: u64) -> Draft {
             process: "bench".into(),
         }),
         mutation_type: Some(MutationType::Write),
-        path: Some(PathBuf::from(format!("src/mod{}/file{}.rs", i % 97, i % 1009))),
+        path: Some(PathBuf::from(format!(
+            "src/mod{}/file{}.rs",
+            i % 97,
+            i % 1009
+        ))),
         content_hash: Some(format!("sha256:{:064x}", i)),
         size: Some(1000 + i % 4096),
         ranges: Some(vec![(1, 3), (10, 12)]),
@@ -210,12 +240,14 @@ fn draft(i: u64) -> Draft {
 
 fn bench_ledger(c: &mut Criterion) {
     let mut g = c.benchmark_group("ledger_append");
-    g.measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
 
     // `record`: one entry, waits until it is on stable storage (one fdatasync when alone).
     {
         let dir = tempfile::tempdir().unwrap();
-        let (ledger, _) = Ledger::open(&dir.path().join("trace.jsonl"), LedgerOptions::default()).unwrap();
+        let (ledger, _) =
+            Ledger::open(&dir.path().join("trace.jsonl"), LedgerOptions::default()).unwrap();
         let mut i = 0u64;
         g.throughput(Throughput::Elements(1));
         g.bench_function("record_durable_1_thread", |b| {
@@ -230,7 +262,8 @@ fn bench_ledger(c: &mut Criterion) {
     // `record` from 4 threads at once: group commit shares the fdatasync.
     for threads in [4u64] {
         let dir = tempfile::tempdir().unwrap();
-        let (ledger, _) = Ledger::open(&dir.path().join("trace.jsonl"), LedgerOptions::default()).unwrap();
+        let (ledger, _) =
+            Ledger::open(&dir.path().join("trace.jsonl"), LedgerOptions::default()).unwrap();
         const PER_THREAD: u64 = 50;
         g.throughput(Throughput::Elements(threads * PER_THREAD));
         g.bench_function(BenchmarkId::new("record_durable_threads", threads), |b| {
@@ -258,7 +291,8 @@ fn bench_ledger(c: &mut Criterion) {
     // the sustained rate of the writer thread (serialise, chain-hash, write, fdatasync).
     {
         let dir = tempfile::tempdir().unwrap();
-        let (ledger, _) = Ledger::open(&dir.path().join("trace.jsonl"), LedgerOptions::default()).unwrap();
+        let (ledger, _) =
+            Ledger::open(&dir.path().join("trace.jsonl"), LedgerOptions::default()).unwrap();
         const BATCH: u64 = 1000;
         let mut i = 0u64;
         g.throughput(Throughput::Elements(BATCH + 1));

@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
     Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::fs::ops::SetAttr;
@@ -470,10 +470,26 @@ impl Filesystem for FuseFs {
         }
     }
 
-    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
-        let r = self.fs.readdirplus(ino.0, fh.0, offset as i64, |e, off, name| {
-            reply.add(INodeNo(e.nodeid), off as u64, name, &TTL, &attr(e.nodeid, &e.st), Generation(0))
-        });
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let r = self
+            .fs
+            .readdirplus(ino.0, fh.0, offset as i64, |e, off, name| {
+                reply.add(
+                    INodeNo(e.nodeid),
+                    off as u64,
+                    name,
+                    &TTL,
+                    &attr(e.nodeid, &e.st),
+                    Generation(0),
+                )
+            });
         match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),

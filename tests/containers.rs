@@ -307,7 +307,7 @@ echo "uid=$(id -u)"
 echo "pid=$$"
 if [ -e '{ws}' ]; then echo backing=visible; else echo backing=absent; fi
 if printf 'export const token = 2;\n' > src/auth/token.ts; then echo inscope=ok; else echo inscope=failed; fi
-if echo 'guide' > docs/guide.md 2>/tmp/err; then echo outscope=written; else echo "outscope=$(cat /tmp/err)"; fi
+if {{ echo 'guide' > docs/guide.md; }} 2>/tmp/err; then echo outscope=written; else echo "outscope=$(cat /tmp/err)"; fi
 echo "code=$(sed -n 's/.*"code": *"\([A-Z_]*\)".*/\1/p' .intentfs/last_error)"
 cat .intentfs/context > /tmp/context && echo context=ok
 grep -q '<id>INT-001</id>' /tmp/context && echo context_id=INT-001
@@ -534,6 +534,33 @@ fn intentfs_run_explains_a_daemon_that_cannot_see_the_caller() {
     );
 }
 
+/// BUG: the runtime pid file of a daemon in its own pid namespace (a sidecar sharing /run)
+/// holds the namespace-local pid (1), so `intentfs umount` waits its full 15 s for "pid 1"
+/// to exit after the unmount succeeded.
+#[test]
+#[ignore = "BUG: intentfs umount waits 15 s when the daemon runs in another pid namespace (its pid file says 1)"]
+fn intentfs_umount_of_a_daemon_in_another_pid_namespace_returns_promptly() {
+    if skip_unless(is_root() && have("unshare"), "needs root and unshare") {
+        return;
+    }
+    let l = Layout::new();
+    let (mut child, m) = sidecar(&l, &["--agent", "sidecar", "--approver", "deny"]);
+    let start = std::time::Instant::now();
+    let mut c = intentfs();
+    c.arg("umount").arg(&l.mnt);
+    let out = run_timeout(c, Duration::from_secs(30));
+    let took = start.elapsed();
+    drop(m);
+    let _ = wait_until(Duration::from_secs(10), || {
+        matches!(child.try_wait(), Ok(Some(_)))
+    });
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        took < Duration::from_secs(5),
+        "intentfs umount took {took:?}"
+    );
+}
+
 /// `--allow-other` warns when the workspace is writable by other users; not otherwise.
 #[test]
 fn allow_other_warns_about_a_workspace_others_can_write() {
@@ -589,7 +616,8 @@ fn mount_entry(mnt: &Path) -> Option<(String, String, String)> {
 
 /// Installs the helper as /sbin/mount.fuse.intentfs for the test; removes it afterwards.
 struct HelperInstall {
-    path: PathBuf,
+    /// What to remove at the end (None: it was installed before the test).
+    path: Option<PathBuf>,
 }
 
 impl HelperInstall {
@@ -599,10 +627,11 @@ impl HelperInstall {
         let path = PathBuf::from("/sbin/mount.fuse.intentfs");
         let ours = std::fs::read(Path::new(MOUNT_DIR).join("mount.fuse.intentfs")).unwrap();
         if path.exists() {
-            eprintln!(
-                "{} already exists: calling the helper directly",
-                path.display()
-            );
+            if std::fs::read(&path).ok().as_deref() == Some(&ours[..]) {
+                // Already installed (mount/install.sh): use it, leave it.
+                return Some(HelperInstall { path: None });
+            }
+            eprintln!("another {} exists: calling ours directly", path.display());
             return None;
         }
         let tmp = PathBuf::from(format!("/sbin/.mount.fuse.intentfs.{}", std::process::id()));
@@ -612,13 +641,15 @@ impl HelperInstall {
             let _ = std::fs::remove_file(&tmp);
             return None;
         }
-        Some(HelperInstall { path })
+        Some(HelperInstall { path: Some(path) })
     }
 }
 
 impl Drop for HelperInstall {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if let Some(p) = &self.path {
+            let _ = std::fs::remove_file(p);
+        }
     }
 }
 
@@ -851,12 +882,24 @@ fn systemd_unit_and_fstab_line_pass_systemd_analyze_verify() {
         "verify mnt-agent.mount: {}",
         text(&out.stderr)
     );
-    // util-linux's own fstab check: no parse errors, no errors (warnings about FUSE are normal).
+    // util-linux's own fstab check (on existing paths: a missing target is an error to it):
+    // no parse errors, no errors (warnings about FUSE and a directory source are normal).
     if have("findmnt") {
+        std::fs::create_dir_all(dir.path().join("srv/ws")).unwrap();
+        std::fs::create_dir_all(dir.path().join("mnt/agent")).unwrap();
+        let real = dir.path().join("fstab.real");
+        std::fs::write(
+            &real,
+            format!(
+                "{0}/srv/ws {0}/mnt/agent fuse.intentfs intent=INT-001,agent=claude,allow_other,nofail 0 0\n",
+                dir.path().display()
+            ),
+        )
+        .unwrap();
         let out = Command::new("findmnt")
             .arg("--verify")
             .arg("--tab-file")
-            .arg(&fstab)
+            .arg(&real)
             .output()
             .unwrap();
         let all = text(&out.stdout) + &text(&out.stderr);
@@ -1069,7 +1112,9 @@ fn systemd_unit_commands_run_as_systemd_runs_them() {
         (ign, argv)
     };
 
-    for round in ["ExecStop", "SIGTERM"] {
+    // Stop with ExecStop, then with a bare SIGTERM, then crash (SIGKILL): the next start's
+    // ExecStartPre must detach the dead mount the crash left behind.
+    for round in ["ExecStop", "SIGTERM", "SIGKILL", "restart"] {
         for line in all("ExecStartPre") {
             let (ignore, argv) = bin_cmd(&line);
             let out = run_argv(&argv);
@@ -1109,13 +1154,49 @@ fn systemd_unit_commands_run_as_systemd_runs_them() {
         assert_eq!(status["identities"][0]["agent"], "claude", "{status:#}");
         assert!(mount_entry(&mnt).unwrap().2.contains("allow_other"));
         if round == "ExecStop" {
+            // systemd reaps its main process while ExecStop runs (`intentfs umount` waits
+            // for the daemon's pid to go away): do the same.
             let (_, argv) = bin_cmd(&one("Service", "ExecStop"));
-            let out = run_argv(&argv);
+            let mut stop = Command::new(&argv[0])
+                .args(&argv[1..])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut stop_status = None;
+            let done = wait_until(Duration::from_secs(20), || {
+                let _ = daemon.try_wait();
+                if stop_status.is_none() {
+                    stop_status = stop.try_wait().unwrap();
+                }
+                stop_status.is_some()
+            });
+            if !done {
+                let _ = stop.kill();
+            }
+            let out = stop.wait_with_output().unwrap();
             assert!(
-                out.status.success(),
-                "ExecStop {argv:?}: {}",
+                done && out.status.success(),
+                "ExecStop {argv:?} ({:?}): {}",
+                out.status,
                 text(&out.stderr)
             );
+        } else if round == "SIGKILL" {
+            let _ = daemon.kill();
+            let _ = daemon.wait();
+            assert!(
+                is_mounted(&mnt),
+                "a killed daemon leaves its (dead) mount behind"
+            );
+            assert_eq!(
+                std::fs::read_dir(&mnt)
+                    .map(|_| ())
+                    .map_err(|e| e.raw_os_error()),
+                Err(Some(libc::ENOTCONN))
+            );
+            std::mem::forget(_m);
+            continue;
         } else {
             // SAFETY: signalling our own child.
             unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };

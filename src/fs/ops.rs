@@ -1098,15 +1098,39 @@ impl Fs {
     /// List a directory with each entry's attributes (readdirplus): one request instead of
     /// a lookup per entry. `add(entry, next_offset, name)` returns true when the reply is
     /// full; only entries that fit count as kernel lookups (not `.` and `..`).
-    pub fn readdirplus(&self, nodeid: u64, fh: u64, offset: i64, mut add: impl FnMut(&Entry, i64, &OsStr) -> bool) -> Result<()> {
+    pub fn readdirplus(
+        &self,
+        nodeid: u64,
+        fh: u64,
+        offset: i64,
+        mut add: impl FnMut(&Entry, i64, &OsStr) -> bool,
+    ) -> Result<()> {
         if nodeid == control::DIR_INO {
             // The control directory is tiny: plain entries with their attributes.
             let mut entries: Vec<(Entry, OsString)> = vec![
-                (Entry { nodeid: control::DIR_INO, st: control::dir_stat(self.started) }, ".".into()),
-                (Entry { nodeid: ROOT, st: control::dir_stat(self.started) }, "..".into()),
+                (
+                    Entry {
+                        nodeid: control::DIR_INO,
+                        st: control::dir_stat(self.started),
+                    },
+                    ".".into(),
+                ),
+                (
+                    Entry {
+                        nodeid: ROOT,
+                        st: control::dir_stat(self.started),
+                    },
+                    "..".into(),
+                ),
             ];
             for f in control::FILES {
-                entries.push((Entry { nodeid: f.ino(), st: control::file_stat(f, self.started) }, f.name().into()));
+                entries.push((
+                    Entry {
+                        nodeid: f.ino(),
+                        st: control::file_stat(f, self.started),
+                    },
+                    f.name().into(),
+                ));
             }
             for (i, (e, n)) in entries.iter().enumerate().skip(offset as usize) {
                 if add(e, i as i64 + 1, n) {
@@ -1131,7 +1155,11 @@ impl Fs {
                     Ok(st) => st,
                     Err(_) => continue,
                 };
-                let id = if e.name == b"." || nodeid == ROOT { nodeid } else { e.ino };
+                let id = if e.name == b"." || nodeid == ROOT {
+                    nodeid
+                } else {
+                    e.ino
+                };
                 let ent = Entry { nodeid: id, st };
                 if add(&ent, e.offset, name) {
                     break;
@@ -1143,7 +1171,10 @@ impl Fs {
                 Err(_) => continue, // gone since listed
             };
             let (node, existed) = self.table.peek(nodeid, name, &st);
-            let ent = Entry { nodeid: node.nodeid, st };
+            let ent = Entry {
+                nodeid: node.nodeid,
+                st,
+            };
             if add(&ent, e.offset, name) {
                 if !existed {
                     self.table.discard_unreferenced(&node);

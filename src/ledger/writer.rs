@@ -250,7 +250,10 @@ impl Ledger {
                 ..Draft::default()
             };
             state.append(&draft, &mut classes);
-            state.write_batch().and_then(|()| state.file.sync_data()).map_err(io_err)?;
+            state
+                .write_batch()
+                .and_then(|()| state.file.sync_data())
+                .map_err(io_err)?;
             report.entries = state.entries;
             report.repaired_torn_tail = Some(desc);
         }
@@ -540,7 +543,11 @@ impl WriterState {
                 }
                 // The checkpoint may lag (a crash between fsync and rename): it is a lower
                 // bound of what is durable, which is all verify needs.
-                if let Err(e) = write_head(&self.path, self.entries - self.pending_lines(), &self.last_hash_durable()) {
+                if let Err(e) = write_head(
+                    &self.path,
+                    self.entries - self.pending_lines(),
+                    &self.last_hash_durable(),
+                ) {
                     tracing::warn!("ledger head checkpoint: {e}");
                 }
             }
@@ -683,7 +690,11 @@ fn write_head(ledger: &Path, entries: u64, last: &str) -> io::Result<()> {
     let mut tmp = head.as_os_str().to_os_string();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
-    let body = serde_json::to_vec(&Head { entries, last: last.to_owned() }).map_err(io::Error::other)?;
+    let body = serde_json::to_vec(&Head {
+        entries,
+        last: last.to_owned(),
+    })
+    .map_err(io::Error::other)?;
     std::fs::write(&tmp, body)?;
     std::fs::rename(&tmp, &head)
 }
