@@ -1222,9 +1222,6 @@ fn sigterm_with_prompts_pending_rejects_every_one() {
 }
 
 #[test]
-#[ignore = "BUG: `intentfs umount MNT` fails with EBUSY while approval prompts are pending \
-            (the parked requests keep the mount busy), so the blocked agents are not \
-            answered until their timeout"]
 fn intentfs_umount_with_prompts_pending_rejects_every_one() {
     let mut tm = cli_mount(60);
     let (mut agents, _) = three_blocked(&tm);
@@ -1304,9 +1301,6 @@ fn a_pending_delete_does_not_block_creates_next_to_it() {
 }
 
 #[test]
-#[ignore = "BUG: the approval socket's refusal of another uid is written and the connection \
-            closed before the client's request is read: the client sometimes gets EPIPE/ECONNRESET \
-            (`talking to ...: Broken pipe`) instead of the refusal message"]
 fn the_refusal_reaches_another_uid_every_time() {
     let tm = cli_mount(30);
     let exposed = Exposed::new(&tm.mnt);

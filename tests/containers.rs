@@ -509,7 +509,6 @@ fn a_daemon_in_its_own_pid_namespace_sees_every_caller_as_the_default_identity()
 /// does not say why; the session write's refusal reason ("the caller's process is not
 /// visible to the daemon") is lost.
 #[test]
-#[ignore = "BUG: intentfs run under a daemon that cannot see the caller says only 'starting \"CMD\": Operation not permitted'"]
 fn intentfs_run_explains_a_daemon_that_cannot_see_the_caller() {
     if skip_unless(is_root() && have("unshare"), "needs root and unshare") {
         return;
@@ -538,7 +537,6 @@ fn intentfs_run_explains_a_daemon_that_cannot_see_the_caller() {
 /// holds the namespace-local pid (1), so `intentfs umount` waits its full 15 s for "pid 1"
 /// to exit after the unmount succeeded.
 #[test]
-#[ignore = "BUG: intentfs umount waits 15 s when the daemon runs in another pid namespace (its pid file says 1)"]
 fn intentfs_umount_of_a_daemon_in_another_pid_namespace_returns_promptly() {
     if skip_unless(is_root() && have("unshare"), "needs root and unshare") {
         return;

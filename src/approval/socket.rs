@@ -49,6 +49,10 @@ pub enum Request {
     Reject { id: u64 },
     /// Reset the circuit breaker of `identity`.
     Reset { identity: String },
+    /// Unmount as SIGTERM does: reject every pending request, then unmount (lazily if busy).
+    /// `intentfs umount` sends it when the mount is busy with prompts pending, and it works
+    /// where a signal cannot reach (a daemon in another pid namespace).
+    Unmount,
 }
 
 fn once() -> Grant {
@@ -206,7 +210,17 @@ fn accept_loop(listener: &UnixListener, inner: Arc<Inner>, stop: &AtomicBool) {
                  (owner uid {}); only the mount's owner and root decide approvals",
                 inner.cfg.owner_uid
             ));
-            let _ = write_response(&stream, &r);
+            // Read the client's request before answering and closing: a close with unread
+            // data resets the connection, and the client would see EPIPE instead of this.
+            let _ = std::thread::Builder::new()
+                .name("intentfs-approval-refuse".into())
+                .spawn(move || {
+                    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+                    let mut line = String::new();
+                    let _ = BufReader::new(&stream).take(MAX_LINE).read_line(&mut line);
+                    let _ = write_response(&stream, &r);
+                    let _ = stream.shutdown(std::net::Shutdown::Write);
+                });
             continue;
         }
         let inner = inner.clone();
@@ -314,6 +328,19 @@ fn handle(inner: &Inner, req: Request, uid: u32) -> Response {
             )),
             None => Response::err("this mount has no circuit breaker to reset"),
         },
+        Request::Unmount => {
+            tracing::info!(uid, "approval socket: unmount requested");
+            // The daemon's signal thread does the unmount (see `cli::mount::serve`).
+            // SAFETY: kill with our own pid has no memory preconditions.
+            if unsafe { libc::kill(libc::getpid(), libc::SIGTERM) } == 0 {
+                Response::ok()
+            } else {
+                Response::err(format!(
+                    "cannot signal the daemon: {}",
+                    io::Error::last_os_error()
+                ))
+            }
+        }
     }
 }
 

@@ -204,6 +204,10 @@ pub(crate) fn reject_at(sock: &Path, id: u64) -> anyhow::Result<()> {
     talk(sock, &Request::Reject { id }).map(drop)
 }
 
+pub(crate) fn unmount_at(sock: &Path) -> anyhow::Result<()> {
+    talk(sock, &Request::Unmount).map(drop)
+}
+
 pub(crate) fn reset_at(sock: &Path, identity: &str) -> anyhow::Result<()> {
     talk(
         sock,

@@ -499,7 +499,9 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
     };
     let mut mounted = Mounted::new(fs, &plan.mountpoint, &spec)
         .map_err(|e| anyhow!("mounting {}: {e}", plan.mountpoint.display()))?;
-    let _ = std::fs::write(rt.join("pid"), format!("{}\n", std::process::id()));
+    let pid_file = runtime::hold_pid_file(rt)
+        .map_err(|e| tracing::warn!("pid file in {}: {e}", rt.display()))
+        .ok();
     let _ = ledger.record_nowait(crate::ledger::Draft {
         mutation_type: Some(crate::ledger::MutationType::Mount),
         outcome: "ok".into(),
@@ -570,6 +572,7 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
     ledger.shutdown();
     drop(intent_map);
     let _ = std::fs::remove_file(rt.join("pid"));
+    drop(pid_file);
     tracing::info!("unmounted {}", plan.mountpoint.display());
     result.map_err(|e| anyhow!("serving: {e}"))
 }

@@ -132,9 +132,22 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
         cmd.stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());
     }
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("starting {:?}", a.cmd[0]))?;
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        // EPERM comes from the session registration in the child (exec says EACCES).
+        Err(e) if a.intent.is_some() && e.raw_os_error() == Some(libc::EPERM) => bail!(
+            "the mount at {} refused to give {:?} an identity of its own: the daemon cannot \
+             see this process (it runs in another pid namespace, e.g. a sidecar container, \
+             so the caller's pid is not visible to it)\n\
+             hint: every process is then the mount's default identity; select the intent \
+             with `echo ID > {}/intent` instead, or run one mount per agent container \
+             (README: Containers)",
+            mp.display(),
+            a.cmd[0],
+            ctl.display()
+        ),
+        Err(e) => return Err(e).with_context(|| format!("starting {:?}", a.cmd[0])),
+    };
     let captured = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
     let mut pumps = Vec::new();
     if let Some(out) = child.stdout.take() {

@@ -39,15 +39,44 @@ pub fn create(mountpoint: &Path) -> std::io::Result<PathBuf> {
     Ok(d)
 }
 
-/// The daemon's pid recorded for a mount, if it is still alive.
-pub fn live_pid(mountpoint: &Path) -> Option<i32> {
-    let pid: i32 = std::fs::read_to_string(dir_for(mountpoint).join("pid"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    // SAFETY: signal 0 only checks for existence.
-    (unsafe { libc::kill(pid, 0) } == 0).then_some(pid)
+/// Write the daemon's pid file and hold an exclusive `flock` on it for the daemon's life:
+/// `intentfs umount` waits on the lock, which works also when the daemon runs in another pid
+/// namespace (where the pid it writes means nothing to the caller). Keep the file open.
+pub fn hold_pid_file(rt: &Path) -> std::io::Result<std::fs::File> {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(rt.join("pid"))?;
+    // SAFETY: flock on an fd we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    f.set_len(0)?;
+    writeln!(f, "{}", std::process::id())?;
+    Ok(f)
+}
+
+/// Wait (at most `max`) until the daemon of the mount at `mountpoint` has exited: its pid
+/// file is gone or no longer locked. True when it has.
+pub fn wait_daemon_exit(mountpoint: &Path, max: std::time::Duration) -> bool {
+    use std::os::fd::AsRawFd;
+    let start = std::time::Instant::now();
+    let Ok(f) = std::fs::File::open(dir_for(mountpoint).join("pid")) else {
+        return true;
+    };
+    loop {
+        // SAFETY: flock on an fd we own; released when `f` closes.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+            return true;
+        }
+        if start.elapsed() >= max {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// intentfs mounts listed in `/proc/self/mountinfo`: their mountpoints.

@@ -63,15 +63,40 @@ pub fn run(a: UmountArgs) -> anyhow::Result<ExitCode> {
             mp.display()
         );
     }
-    let pid = runtime::live_pid(&mp);
-    unmount(&mp, a.lazy)?;
-    // The daemon flushes and closes its ledger after the unmount: wait for it.
-    if let Some(pid) = pid {
+    if let Err(e) = unmount(&mp, a.lazy) {
+        // Busy because agents wait for a human: reject their requests and unmount as SIGTERM
+        // does, through the daemon (which may run where no signal of ours reaches).
+        let sock = super::approvals::socket_for(&mp);
+        let pending = super::approvals::list_at(&sock)
+            .map(|p| p.len())
+            .unwrap_or(0);
+        if a.lazy || pending == 0 {
+            return Err(e);
+        }
+        eprintln!(
+            "intentfs: {} has {pending} approval request(s) pending: rejecting them and unmounting",
+            mp.display()
+        );
+        super::approvals::unmount_at(&sock)
+            .with_context(|| format!("asking the daemon of {} to unmount", mp.display()))?;
         let start = Instant::now();
-        // SAFETY: signal 0 only checks for existence.
-        while unsafe { libc::kill(pid, 0) } == 0 && start.elapsed() < Duration::from_secs(15) {
+        while runtime::is_intentfs_mount(&mp) {
+            if start.elapsed() > Duration::from_secs(15) {
+                bail!(
+                    "{} is still mounted 15 s after the daemon was asked to unmount\nhint: `intentfs umount --lazy {}`",
+                    mp.display(),
+                    mp.display()
+                );
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+    // The daemon flushes and closes its ledger after the unmount: wait for it.
+    if !runtime::wait_daemon_exit(&mp, Duration::from_secs(15)) {
+        eprintln!(
+            "intentfs: unmounted {}, but its daemon is still finishing its ledger after 15 s",
+            mp.display()
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
