@@ -74,6 +74,25 @@ pub struct Denial {
     pub time: String,
 }
 
+/// An intent's globs for a message: the first few, then how many more (a policy may have
+/// thousands, and `.intentfs/context` lists them all).
+fn scope_list(globs: &[String]) -> String {
+    const SHOWN: usize = 12;
+    let mut s = globs
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if globs.len() > SHOWN {
+        s.push_str(&format!(
+            ", … ({} more in .intentfs/context)",
+            globs.len() - SHOWN
+        ));
+    }
+    s
+}
+
 fn ser_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&p.to_string_lossy())
 }
@@ -312,11 +331,11 @@ impl Guard {
                 op,
                 rel,
                 intent,
-                format!("{} is outside the scope of intent {id} ({})", show(rel), it.owned_scope.join(", ")),
+                format!("{} is outside the scope of intent {id} ({})", show(rel), scope_list(&it.owned_scope)),
                 format!(
                     "Only change files matching the owned_scope of {id}: {}. Read .intentfs/context. If this \
                      change is really needed, stop and ask the human to extend the scope or select another intent.",
-                    it.owned_scope.join(", ")
+                    scope_list(&it.owned_scope)
                 ),
             )),
         }

@@ -194,3 +194,13 @@ fn protected_below() {
         "the entry itself is `matched`, not below"
     );
 }
+
+#[test]
+fn scope_message_lists_a_few_globs_and_counts_the_rest() {
+    let globs: Vec<String> = (0..1000).map(|i| format!("src/m{i}/**")).collect();
+    let s = super::scope_list(&globs);
+    assert!(s.starts_with("src/m0/**, src/m1/**"), "{s}");
+    assert!(s.contains("(988 more in .intentfs/context)"), "{s}");
+    assert!(s.len() < 300, "{}", s.len());
+    assert_eq!(super::scope_list(&globs[..2]), "src/m0/**, src/m1/**");
+}
