@@ -1249,7 +1249,7 @@ fn ends_within(a: &mut Agent, max: Duration) -> bool {
 }
 
 #[test]
-#[ignore = "BUG: a question parked on a create holds the parent directory's lock in the \
+#[ignore = "KERNEL LIMIT (documented in README, Approvals): a question parked on a create holds the parent directory's lock in the \
             kernel: listing that directory, other creates there, even lookups through it block \
             (some unkillably) until the human answers or the timeout"]
 fn a_pending_create_does_not_block_its_directory() {
@@ -1279,7 +1279,7 @@ fn a_pending_create_does_not_block_its_directory() {
 }
 
 #[test]
-#[ignore = "BUG: a question parked on an unlink holds the parent directory's lock in the \
+#[ignore = "KERNEL LIMIT (documented in README, Approvals): a question parked on an unlink holds the parent directory's lock in the \
             kernel: in-scope creates next to the file block (unkillably) until the human answers \
             or the timeout"]
 fn a_pending_delete_does_not_block_creates_next_to_it() {
