@@ -16,12 +16,133 @@ use fuser::{
 use crate::fs::ops::SetAttr;
 use crate::fs::{sys::Stat, Caller, Entry, Fs, FsError, OpenOpts};
 
-/// How long the kernel may cache entries and attributes.
-const TTL: Duration = Duration::from_secs(1);
-
 /// The fuser-facing filesystem.
 pub struct FuseFs {
     pub fs: Arc<Fs>,
+    pt: Arc<Passthrough>,
+}
+
+/// How an open file's I/O goes, for the kernel's per-inode I/O mode rule: an inode with
+/// passthrough files open refuses caching opens (`ETXTBSY`) and the reverse, so while one
+/// kind is open the other is not used (a write open gets `FOPEN_DIRECT_IO` instead).
+#[derive(Clone, Copy, PartialEq)]
+enum Io {
+    Passthrough,
+    Cached,
+    Direct,
+}
+
+#[derive(Default)]
+struct PtInode {
+    /// One backing id per inode, kept while the kernel knows the inode (saves two ioctls
+    /// per open).
+    backing: Option<Arc<fuser::BackingId>>,
+    passthrough: u32,
+    cached: u32,
+}
+
+/// Kernel passthrough bookkeeping.
+#[derive(Default)]
+struct Passthrough {
+    inodes: parking_lot::Mutex<std::collections::HashMap<u64, PtInode>>,
+    handles: parking_lot::Mutex<std::collections::HashMap<u64, (u64, Io)>>,
+}
+
+impl Passthrough {
+    /// Answer an open of a regular file (or a create): passthrough when allowed and
+    /// possible, else the daemon serves the I/O.
+    fn reply_open(&self, fs: &Fs, r: ReplyOpen, ino: u64, fh: u64, o: OpenOpts) {
+        let mut flags = fopen(o);
+        if o.direct_io {
+            r.opened(FileHandle(fh), flags);
+            return;
+        }
+        let mut inodes = self.inodes.lock();
+        let e = inodes.entry(ino).or_default();
+        if o.passthrough
+            && e.cached == 0
+            && fs.passthrough.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            let bid = match &e.backing {
+                Some(b) => Some(b.clone()),
+                None => match fs.backing_file(ino).and_then(|f| Ok(r.open_backing(&f)?)) {
+                    Ok(b) => {
+                        let b = Arc::new(b);
+                        e.backing = Some(b.clone());
+                        Some(b)
+                    }
+                    Err(err) => {
+                        tracing::info!(
+                            "kernel passthrough unavailable ({err:?}): the daemon serves reads"
+                        );
+                        fs.passthrough
+                            .store(false, std::sync::atomic::Ordering::Relaxed);
+                        None
+                    }
+                },
+            };
+            if let Some(b) = bid {
+                e.passthrough += 1;
+                drop(inodes);
+                self.handles.lock().insert(fh, (ino, Io::Passthrough));
+                flags.remove(FopenFlags::FOPEN_KEEP_CACHE);
+                r.opened_passthrough(FileHandle(fh), flags, &b);
+                return;
+            }
+        }
+        let io = if e.passthrough > 0 {
+            flags |= FopenFlags::FOPEN_DIRECT_IO;
+            flags.remove(FopenFlags::FOPEN_KEEP_CACHE);
+            Io::Direct
+        } else {
+            e.cached += 1;
+            Io::Cached
+        };
+        drop(inodes);
+        self.handles.lock().insert(fh, (ino, io));
+        r.opened(FileHandle(fh), flags);
+    }
+
+    /// The I/O mode a create's handle gets (a new inode: never passthrough).
+    fn created(&self, ino: u64, fh: u64) -> FopenFlags {
+        let mut inodes = self.inodes.lock();
+        let e = inodes.entry(ino).or_default();
+        let (io, f) = if e.passthrough > 0 {
+            (Io::Direct, FopenFlags::FOPEN_DIRECT_IO)
+        } else {
+            e.cached += 1;
+            (Io::Cached, FopenFlags::empty())
+        };
+        drop(inodes);
+        self.handles.lock().insert(fh, (ino, io));
+        f
+    }
+
+    fn release(&self, fh: u64) {
+        let Some((ino, io)) = self.handles.lock().remove(&fh) else {
+            return;
+        };
+        if let Some(e) = self.inodes.lock().get_mut(&ino) {
+            match io {
+                Io::Passthrough => e.passthrough = e.passthrough.saturating_sub(1),
+                Io::Cached => e.cached = e.cached.saturating_sub(1),
+                Io::Direct => {}
+            }
+        }
+    }
+
+    /// The kernel forgot a node: its backing id goes unless files are still open.
+    fn forget(&self, fs: &Fs, ino: u64) {
+        if fs.table.get(ino).is_some() {
+            return;
+        }
+        let mut inodes = self.inodes.lock();
+        if let Some(e) = inodes.get(&ino) {
+            if e.passthrough == 0 && e.cached == 0 {
+                inodes.remove(&ino);
+            }
+        }
+    }
 }
 
 fn caller(req: &Request) -> Caller {
@@ -89,9 +210,9 @@ fn attr(ino: u64, st: &Stat) -> FileAttr {
     }
 }
 
-fn entry(reply: ReplyEntry, r: Result<Entry, FsError>) {
+fn entry(reply: ReplyEntry, ttl: Duration, r: Result<Entry, FsError>) {
     match r {
-        Ok(e) => reply.entry(&TTL, &attr(e.nodeid, &e.st), Generation(0)),
+        Ok(e) => reply.entry(&ttl, &attr(e.nodeid, &e.st), Generation(0)),
         Err(e) => reply.error(errno(e)),
     }
 }
@@ -168,8 +289,10 @@ where
     }
 }
 
-fn reply_entry(reply: ReplyEntry, e: Entry) {
-    reply.entry(&TTL, &attr(e.nodeid, &e.st), Generation(0));
+/// Entry replies of governed operations: the TTL is taken when the reply is sent.
+fn reply_entry(fs: &Arc<Fs>) -> impl FnOnce(ReplyEntry, Entry) + Send + 'static {
+    let fs = fs.clone();
+    move |reply, e| reply.entry(&fs.ttl(), &attr(e.nodeid, &e.st), Generation(0))
 }
 
 impl Filesystem for FuseFs {
@@ -185,6 +308,19 @@ impl Filesystem for FuseFs {
             | InitFlags::FUSE_READDIRPLUS_AUTO;
         let _ = config.add_capabilities(wanted & config.capabilities());
         let _ = config.set_max_write(1024 * 1024);
+        // Kernel passthrough for read-only opens (FUSE_PASSTHROUGH needs a backing stack
+        // depth of at least 1). Opt-in (INTENTFS_PASSTHROUGH=1): kernel 6.18 answers EIO to
+        // a non-passthrough (write) open of an inode while a passthrough reader holds it
+        // open, even with FOPEN_DIRECT_IO, and writes must stay daemon-handled.
+        if config.capabilities().contains(InitFlags::FUSE_PASSTHROUGH)
+            && std::env::var_os("INTENTFS_PASSTHROUGH").is_some_and(|v| v == "1")
+            && config.set_max_stack_depth(1).is_ok()
+            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+        {
+            self.fs
+                .passthrough
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -193,16 +329,17 @@ impl Filesystem for FuseFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        entry(reply, self.fs.lookup(parent.0, name));
+        entry(reply, self.fs.ttl(), self.fs.lookup(parent.0, name));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         self.fs.forget(ino.0, nlookup);
+        self.pt.forget(&self.fs, ino.0);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino.0, fh.map(|f| f.0)) {
-            Ok(st) => reply.attr(&TTL, &attr(ino.0, &st)),
+            Ok(st) => reply.attr(&self.fs.ttl(), &attr(ino.0, &st)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -234,11 +371,12 @@ impl Filesystem for FuseFs {
             mtime: timespec(mtime),
         };
         let (c, fh, ino) = (caller(req), fh.map(|f| f.0), ino.0);
+        let fs2 = self.fs.clone();
         governed(
             self.fs.clone(),
             reply,
             move |fs| fs.setattr(&c, ino, a.clone(), fh),
-            move |r, st| r.attr(&TTL, &attr(ino, &st)),
+            move |r, st| r.attr(&fs2.ttl(), &attr(ino, &st)),
         );
     }
 
@@ -264,7 +402,7 @@ impl Filesystem for FuseFs {
             self.fs.clone(),
             reply,
             move |fs| fs.mknod(&c, parent.0, &name, mode, umask, rdev),
-            reply_entry,
+            reply_entry(&self.fs),
         );
     }
 
@@ -282,7 +420,7 @@ impl Filesystem for FuseFs {
             self.fs.clone(),
             reply,
             move |fs| fs.mkdir(&c, parent.0, &name, mode, umask),
-            reply_entry,
+            reply_entry(&self.fs),
         );
     }
 
@@ -319,7 +457,7 @@ impl Filesystem for FuseFs {
             self.fs.clone(),
             reply,
             move |fs| fs.symlink(&c, parent.0, &name, &target),
-            reply_entry,
+            reply_entry(&self.fs),
         );
     }
 
@@ -360,17 +498,18 @@ impl Filesystem for FuseFs {
             self.fs.clone(),
             reply,
             move |fs| fs.link(&c, ino.0, newparent.0, &newname),
-            reply_entry,
+            reply_entry(&self.fs),
         );
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let c = caller(req);
+        let (fs2, pt) = (self.fs.clone(), self.pt.clone());
         governed(
             self.fs.clone(),
             reply,
             move |fs| fs.open(&c, ino.0, flags.0),
-            |r, (fh, o)| r.opened(FileHandle(fh), fopen(o)),
+            move |r, (fh, o)| pt.reply_open(&fs2, r, ino.0, fh, o),
         );
     }
 
@@ -430,6 +569,7 @@ impl Filesystem for FuseFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.pt.release(fh.0);
         empty(reply, self.fs.release(fh.0));
     }
 
@@ -478,6 +618,7 @@ impl Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let ttl = self.fs.ttl();
         let r = self
             .fs
             .readdirplus(ino.0, fh.0, offset as i64, |e, off, name| {
@@ -485,7 +626,7 @@ impl Filesystem for FuseFs {
                     INodeNo(e.nodeid),
                     off as u64,
                     name,
-                    &TTL,
+                    &ttl,
                     &attr(e.nodeid, &e.st),
                     Generation(0),
                 )
@@ -595,17 +736,19 @@ impl Filesystem for FuseFs {
         reply: ReplyCreate,
     ) {
         let (c, name) = (caller(req), name.to_os_string());
+        let (fs2, pt) = (self.fs.clone(), self.pt.clone());
         governed(
             self.fs.clone(),
             reply,
             move |fs| fs.create(&c, parent.0, &name, mode, umask, flags),
-            |r, (e, fh, o)| {
+            move |r, (e, fh, o)| {
+                let io = pt.created(e.nodeid, fh);
                 r.created(
-                    &TTL,
+                    &fs2.ttl(),
                     &attr(e.nodeid, &e.st),
                     Generation(0),
                     FileHandle(fh),
-                    fopen(o),
+                    fopen(o) | io,
                 )
             },
         );
@@ -666,6 +809,18 @@ impl Filesystem for FuseFs {
     }
 }
 
+/// Invalidations through the session's notifier (errors mean "not cached": ignored).
+struct Inval(fuser::Notifier);
+
+impl crate::fs::watch::Invalidate for Inval {
+    fn inval_entry(&self, parent: u64, name: &OsStr) {
+        let _ = self.0.inval_entry(INodeNo(parent), name);
+    }
+    fn inval_inode(&self, nodeid: u64) {
+        let _ = self.0.inval_inode(INodeNo(nodeid), 0, 0);
+    }
+}
+
 /// Mount options and session settings for a governed mount.
 pub struct MountSpec {
     pub allow_other: bool,
@@ -702,7 +857,13 @@ impl Mounted {
         }
         cfg.n_threads = Some(spec.threads.max(1));
         cfg.clone_fd = true;
-        let session = fuser::Session::new(FuseFs { fs }, mountpoint, &cfg)?;
+        crate::fs::watch::Watcher::install(&fs);
+        let ffs = FuseFs {
+            fs: fs.clone(),
+            pt: Arc::default(),
+        };
+        let session = fuser::Session::new(ffs, mountpoint, &cfg)?;
+        crate::fs::watch::Watcher::start(&fs, Box::new(Inval(session.notifier())));
         Ok(Mounted { session })
     }
 

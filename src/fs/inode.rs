@@ -148,6 +148,11 @@ impl InodeTable {
             .cloned()
     }
 
+    /// Every node referenced by the kernel.
+    pub fn all(&self) -> Vec<Arc<Node>> {
+        self.inner.lock().nodes.values().cloned().collect()
+    }
+
     /// Number of nodes referenced by the kernel.
     pub fn len(&self) -> usize {
         self.inner.lock().nodes.len()

@@ -16,6 +16,7 @@ mod lesson;
 pub mod ops;
 mod stale;
 pub mod sys;
+pub mod watch;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -55,6 +56,9 @@ pub struct OpenOpts {
     pub direct_io: bool,
     /// Keep the page cache from an earlier open.
     pub keep_cache: bool,
+    /// A read-only open the daemon needs no per-read decision for (what the identity
+    /// saw is recorded at open): the kernel may read the backing file directly.
+    pub passthrough: bool,
 }
 
 /// An open regular file.
@@ -86,6 +90,10 @@ pub struct FileHandle {
     pub epoch: Mutex<(Option<String>, u64)>,
     /// Hash of the content before this handle's writes, when known.
     pub prev_hash: Mutex<Option<String>>,
+    /// The file's workspace path when last known (at open, then at each entry): the name
+    /// a WRITE is recorded under if the file lost every name while open (renamed over or
+    /// deleted before close).
+    pub last_rel: Mutex<PathBuf>,
 }
 
 /// An open control file: its rendered content, and what was written to it.
@@ -143,6 +151,10 @@ pub struct Fs {
     /// workspace-relative paths.
     root_path: Mutex<PathBuf>,
     pub started: i64,
+    /// Watches the workspace for changes made outside the mount (cache invalidation).
+    pub watch: std::sync::OnceLock<watch::Watcher>,
+    /// Kernel passthrough was negotiated (and has not failed).
+    pub passthrough: AtomicBool,
 }
 
 impl Fs {
@@ -171,6 +183,8 @@ impl Fs {
             last_writer: Mutex::new(HashMap::new()),
             root_path: Mutex::new(root_path),
             started: chrono::Utc::now().timestamp(),
+            watch: std::sync::OnceLock::new(),
+            passthrough: AtomicBool::new(false),
         })
     }
 

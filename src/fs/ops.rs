@@ -71,6 +71,7 @@ impl Fs {
         }
         let p = self.node(parent)?;
         let pfd = self.fd(&p)?;
+        self.watch_dir_fd(p.dev, p.ino, pfd.as_fd());
         let fd = sys::open_path(pfd.as_fd(), name)?;
         let st = sys::stat_fd(fd.as_fd())?;
         let node = self.table.lookup(parent, name, Some(fd), &st);
@@ -227,7 +228,13 @@ impl Fs {
         }
         // Time-only changes are not content mutations worth a ledger line each (every
         // `touch` and `tar x` would double the ledger); they are still authorized above.
-        if mt != MutationType::Utimes {
+        // Neither is a chmod or chown that changes nothing (`tar x` as root chowns and
+        // chmods every file it makes to what it already is).
+        let noop = matches!(mt, MutationType::Chmod | MutationType::Chown)
+            && before.st_mode == after.st_mode
+            && before.st_uid == after.st_uid
+            && before.st_gid == after.st_gid;
+        if mt != MutationType::Utimes && !noop {
             self.record(&ident, caller, mt, &rel, draft)?;
         }
         Ok(after)
@@ -296,6 +303,7 @@ impl Fs {
         let rel = self.child_rel(&p, name)?;
         let ident = self.authorize(caller, op, &rel, is_dir)?;
         let pfd = self.fd(&p)?;
+        self.watch_dir_fd(p.dev, p.ino, pfd.as_fd());
         {
             let _cred = sys::FsCred::switch(caller.uid, caller.gid);
             make(pfd.as_fd())?;
@@ -417,6 +425,7 @@ impl Fs {
         self.authorize_as(&ident, caller, "link", &rel, false)?;
         let fd = self.fd(&node)?;
         let npfd = self.fd(&np)?;
+        self.watch_dir_fd(np.dev, np.ino, npfd.as_fd());
         sys::link_fd(self.proc_fd.as_fd(), fd.as_fd(), npfd.as_fd(), newname)?;
         let st = sys::stat_fd(fd.as_fd())?;
         let node = self.table.lookup(newparent, newname, None, &st);
@@ -727,8 +736,10 @@ impl Fs {
             pre_image: Mutex::new(pre),
             prev_hash: Mutex::new(pre_hash),
             epoch: Mutex::new((open_intent, epoch)),
+            last_rel: Mutex::new(write_rel.clone().unwrap_or_default()),
         };
         let mut keep_cache = false;
+        let mut passthrough = false;
         if let Some(rel) = &write_rel {
             *h.node.last_open.lock() = None;
             self.prepare_write_handle(&h, rel);
@@ -741,8 +752,10 @@ impl Fs {
             keep_cache = *last == Some(now) && self.hashes.cached(&now).is_some();
             *last = Some(now);
             drop(last);
+            // With kernel passthrough no read request reaches the daemon either.
+            passthrough = self.passthrough.load(Ordering::Relaxed);
             // An empty file is read in full by opening it (no read request ever comes).
-            if keep_cache || st.st_size == 0 {
+            if keep_cache || passthrough || st.st_size == 0 {
                 self.record_read(&h, caller.pid);
             }
         }
@@ -752,8 +765,20 @@ impl Fs {
             OpenOpts {
                 direct_io: false,
                 keep_cache,
+                passthrough,
             },
         ))
+    }
+
+    /// A read-only file on the backing inode of a node, to register for kernel passthrough.
+    pub fn backing_file(&self, nodeid: u64) -> Result<std::fs::File> {
+        let node = self.node(nodeid)?;
+        let fd = self.fd(&node)?;
+        Ok(sys::reopen(
+            self.proc_fd.as_fd(),
+            fd.as_fd(),
+            libc::O_RDONLY,
+        )?)
     }
 
     fn open_ctl(&self, caller: &Caller, f: CtlFile, flags: i32) -> Result<(u64, OpenOpts)> {
@@ -775,6 +800,7 @@ impl Fs {
             OpenOpts {
                 direct_io: true,
                 keep_cache: false,
+                passthrough: false,
             },
         ))
     }
@@ -823,6 +849,7 @@ impl Fs {
         let ident = self.authorize(caller, "create", &rel, false)?;
         let ident_intent = ident.intent();
         let pfd = self.fd(&p)?;
+        self.watch_dir_fd(p.dev, p.ino, pfd.as_fd());
         let file = {
             let _cred = sys::FsCred::switch(caller.uid, caller.gid);
             sys::create_at(pfd.as_fd(), name, flags, mode & !umask)?
@@ -857,6 +884,7 @@ impl Fs {
             pre_image: Mutex::new(Some(Vec::new())),
             prev_hash: Mutex::new(None),
             epoch: Mutex::new((ident_intent, self.guard.generation())),
+            last_rel: Mutex::new(rel.clone()),
         };
         self.prepare_write_handle(&h, &rel);
         let fh = self.add_handle(Handle::File(Arc::new(h)));
@@ -1140,6 +1168,9 @@ impl Fs {
             return Ok(());
         }
         let dir = self.node(nodeid)?;
+        if let Ok(dfd) = self.fd(&dir) {
+            self.watch_dir_fd(dir.dev, dir.ino, dfd.as_fd());
+        }
         let d = self.dir_handle(fh)?;
         let mut ds = d.lock();
         ds.seek(offset);

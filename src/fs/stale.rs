@@ -99,6 +99,11 @@ impl Fs {
         }
         let seen = ident.seen_for(rel, caller.pid);
         let now = stamp_of(&st);
+        tracing::debug!(
+            agent = %ident.name, op, rel = %rel.display(), ino = st.st_ino,
+            seen = ?seen.map(|(p, s)| (p, s.stamp.ino, s.stamp.size, hex::encode(&s.hash[..6]))),
+            "stale check"
+        );
         let v = judge(
             seen.as_ref().map(|(_, s)| s),
             now,
@@ -108,6 +113,7 @@ impl Fs {
                 self.hashes.hash(&f).ok().map(|(h, _)| h)
             },
         );
+        tracing::debug!(agent = %ident.name, op, rel = %rel.display(), verdict = ?std::mem::discriminant(&v), fresh = matches!(v, Verdict::Fresh(_)), "stale verdict");
         match v {
             Verdict::Fresh(Some(s)) => {
                 ident.saw(rel, seen.map(|(p, _)| p).unwrap_or(caller.pid), s);
@@ -160,6 +166,10 @@ impl Fs {
             return;
         }
         if let Ok((hash, stamp)) = self.hashes.hash(&h.file) {
+            tracing::debug!(
+                agent = %h.identity.name, rels = ?rels, ino = stamp.ino, size = stamp.size,
+                hash = %hex::encode(&hash[..6]), "read recorded"
+            );
             for rel in &rels {
                 h.identity.saw(rel, pid, Seen { stamp, hash });
             }
@@ -272,13 +282,31 @@ impl Fs {
             return Ok(());
         }
         h.wrote.store(false, Ordering::Release);
-        let rel = self
-            .node_rels(&h.node)
-            .ok()
-            .and_then(|v| v.into_iter().next())
-            .unwrap_or_else(|| self.display_rel(&h.node));
+        // The file may have lost every name while open (renamed over, deleted): the entry
+        // then keeps the name it was written under and says it is detached, so `ledger
+        // verify` does not expect its content at that path any more.
+        let (rel, detached) = match self.node_rels(&h.node).ok().and_then(|v| v.into_iter().next()) {
+            Some(r) => {
+                *h.last_rel.lock() = r.clone();
+                (r, false)
+            }
+            None => {
+                let last = h.last_rel.lock().clone();
+                if last.as_os_str().is_empty() {
+                    (self.display_rel(&h.node), false)
+                } else {
+                    (last, true)
+                }
+            }
+        };
         let mut draft = Draft {
             created: h.created.swap(false, Ordering::AcqRel),
+            detail: detached.then(|| {
+                serde_json::json!({
+                    "detached": true,
+                    "note": "the file was renamed over or deleted before this handle closed; the content is no longer at this path",
+                })
+            }),
             ..Default::default()
         };
         let reopened = self
@@ -323,11 +351,13 @@ impl Fs {
                 draft.size = Some(stamp.size);
                 // The identity's own completed write supersedes every older view, under
                 // every name of the file.
-                for alias in self
-                    .alias_rels(&h.node)
-                    .into_iter()
-                    .chain(std::iter::once(rel.clone()))
-                {
+                // A detached file has no name left to have seen it under.
+                let names = if detached {
+                    Vec::new()
+                } else {
+                    self.alias_rels(&h.node)
+                };
+                for alias in names.into_iter().chain((!detached).then(|| rel.clone())) {
                     if !untracked(&alias) {
                         h.identity
                             .saw_own(&alias, h.caller.pid, Seen { stamp, hash: h32 });

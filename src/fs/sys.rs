@@ -137,6 +137,33 @@ pub fn reopen(
     Ok(unsafe { std::fs::File::from_raw_fd(nfd) })
 }
 
+/// The modes a caller asks for are already masked by its own umask (the kernel sends it and
+/// `ops` applies it). The daemon's umask must not mask them a second time, yet the daemon's
+/// own files (ledger, pid file, socket) keep its umask: so each thread that creates on a
+/// caller's behalf gets its own filesystem context (`unshare(CLONE_FS)`, as virtiofsd does)
+/// with umask 0, once, before its first create.
+fn caller_umask() {
+    thread_local! {
+        static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    DONE.with(|d| {
+        if d.get() {
+            return;
+        }
+        d.set(true);
+        // SAFETY: unshare(CLONE_FS) only detaches this thread's cwd/root/umask; umask
+        // cannot fail.
+        if unsafe { libc::unshare(libc::CLONE_FS) } == 0 {
+            unsafe { libc::umask(0) };
+        } else {
+            tracing::warn!(
+                "unshare(CLONE_FS) failed ({}): new files get the daemon's umask on top of the caller's",
+                io::Error::last_os_error()
+            );
+        }
+    });
+}
+
 /// `openat(dir, name, flags|O_CREAT|O_EXCL|O_NOFOLLOW, mode)`: create a new regular file.
 pub fn create_at(
     dir: BorrowedFd<'_>,
@@ -150,6 +177,7 @@ pub fn create_at(
         | libc::O_EXCL
         | libc::O_NOFOLLOW
         | libc::O_CLOEXEC;
+    caller_umask();
     // SAFETY: valid C string and dirfd; mode is passed as the variadic argument.
     let fd =
         check(unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags, mode as libc::c_uint) })?;
@@ -159,12 +187,14 @@ pub fn create_at(
 
 pub fn mkdir_at(dir: BorrowedFd<'_>, name: &OsStr, mode: u32) -> io::Result<()> {
     let c = cstr(name)?;
+    caller_umask();
     // SAFETY: valid C string and dirfd.
     check(unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), mode) }).map(drop)
 }
 
 pub fn mknod_at(dir: BorrowedFd<'_>, name: &OsStr, mode: u32, rdev: u64) -> io::Result<()> {
     let c = cstr(name)?;
+    caller_umask();
     // SAFETY: valid C string and dirfd.
     check(unsafe { libc::mknodat(dir.as_raw_fd(), c.as_ptr(), mode, rdev) }).map(drop)
 }
@@ -612,4 +642,62 @@ pub fn raise_nofile_limit() -> u64 {
 /// Borrow an fd we know outlives the borrow.
 pub fn borrow(fd: &OwnedFd) -> BorrowedFd<'_> {
     fd.as_fd()
+}
+
+/// `name_to_handle_at(dir, path, flags)`: the file handle's type and bytes.
+pub fn name_to_handle(dir: BorrowedFd<'_>, path: &CStr, flags: i32) -> io::Result<(i32, Vec<u8>)> {
+    const MAX: usize = 128;
+    #[repr(C)]
+    struct Fh {
+        bytes: u32,
+        ty: i32,
+        f: [u8; MAX],
+    }
+    let mut fh = Fh {
+        bytes: MAX as u32,
+        ty: 0,
+        f: [0; MAX],
+    };
+    let mut mount_id: libc::c_int = 0;
+    // SAFETY: `fh` is a `struct file_handle` with room for MAX bytes (handle_bytes says
+    // so); `path` is NUL-terminated; `mount_id` is writable.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_name_to_handle_at,
+            dir.as_raw_fd(),
+            path.as_ptr(),
+            &mut fh as *mut Fh,
+            &mut mount_id as *mut libc::c_int,
+            flags,
+        ) as libc::c_int
+    })?;
+    let n = (fh.bytes as usize).min(MAX);
+    Ok((fh.ty, fh.f[..n].to_vec()))
+}
+
+/// `fanotify_init(flags, O_RDONLY|O_LARGEFILE)`.
+pub fn fanotify_init(flags: u32) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall; the returned fd is ours.
+    let fd =
+        check(unsafe { libc::fanotify_init(flags, (libc::O_RDONLY | libc::O_LARGEFILE) as u32) })?;
+    // SAFETY: fresh fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `fanotify_mark(fan, flags, mask, dirfd, path)`.
+pub fn fanotify_mark(
+    fan: RawFd,
+    flags: u32,
+    mask: u64,
+    dirfd: RawFd,
+    path: &CStr,
+) -> io::Result<()> {
+    // SAFETY: valid fds and NUL-terminated path.
+    check(unsafe { libc::fanotify_mark(fan, flags, mask, dirfd, path.as_ptr()) }).map(drop)
+}
+
+/// `read(fd, buf)`.
+pub fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: buf is writable for its length.
+    check_size(unsafe { libc::read(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len()) })
 }

@@ -165,10 +165,12 @@ impl VerifyReport {
 /// First 8 bytes of a hash, for the "which line does this `prev` match" lookup
 /// (explanations only; a collision could at worst mislabel a message).
 fn short(hex_hash: &str) -> Option<u64> {
-    if hex_hash.len() != 64 {
+    // A tampered `prev` can be any string: 64 bytes is not 64 hex digits (slicing a
+    // multi-byte character at byte 16 panicked; see tests/fuzz_regressions.rs).
+    if hex_hash.len() != 64 || !hex_hash.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
-    u64::from_str_radix(&hex_hash[..16], 16).ok()
+    u64::from_str_radix(hex_hash.get(..16)?, 16).ok()
 }
 
 /// Incremental chain checker, fed line by line (by [`verify_chain`] and by the
@@ -442,6 +444,17 @@ pub fn last_hashes(entries: &[(u64, Entry)]) -> HashMap<PathBuf, (String, u64, S
         if e.mutation_type.is_governance() || outcome_failed(&e.outcome) {
             continue;
         }
+        // A write to a file that lost its name before the handle closed (renamed over or
+        // deleted while open): on record, but the content is not at that path.
+        let detached = e
+            .detail
+            .as_ref()
+            .and_then(|d| d.get("detached"))
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        if detached {
+            continue;
+        }
         let Some(path) = e.path_buf() else { continue };
         match e.mutation_type {
             MutationType::Delete | MutationType::Rmdir => remove_tree(&mut state, &path),
@@ -485,9 +498,35 @@ pub fn verify_drift(ledger_path: &Path, workspace: &Path) -> io::Result<Vec<Drif
     let entries = read_entries(ledger_path)?;
     let mut out = Vec::new();
     for (path, (recorded, line, entry_id)) in last_hashes(&entries) {
+        // The daemon only records workspace-relative paths of plain components. A tampered
+        // entry (`/dev/zero`, `../../etc/shadow`) must not make verify read outside the
+        // workspace, or hash a device forever: report it instead of following it.
+        let contained = path
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
+            && !path.as_os_str().is_empty();
+        if !contained {
+            out.push(Drift {
+                path: path.to_string_lossy().into_owned(),
+                path_buf: path,
+                line,
+                entry_id,
+                kind: DriftKind::Modified {
+                    recorded,
+                    actual: "not a workspace-relative path (ledger entry tampered with)".into(),
+                },
+            });
+            continue;
+        }
         let full = workspace.join(&path);
         let kind = match std::fs::symlink_metadata(&full) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Some(DriftKind::Missing { recorded }),
+            // ENOTDIR: a parent directory was replaced by a file outside the mount.
+            Err(e)
+                if e.kind() == io::ErrorKind::NotFound
+                    || e.raw_os_error() == Some(libc::ENOTDIR) =>
+            {
+                Some(DriftKind::Missing { recorded })
+            }
             Err(e) => return Err(e),
             Ok(m) if !m.is_file() => Some(DriftKind::Modified {
                 recorded,

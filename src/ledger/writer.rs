@@ -1,9 +1,13 @@
-//! The ledger writer: one thread, fed by a bounded channel, appending hash-chained
-//! lines with group commit (one `write` and one `fdatasync` per batch).
+//! The ledger writer: hash-chained lines appended by the calling thread itself (one
+//! `write(2)` under a lock, no hand-off to another thread on the syscall's path), and a
+//! background thread that makes them durable with group commit (one `fdatasync` for
+//! everything written since the last one) and writes the head checkpoint.
 //!
 //! What it guarantees:
-//! - An entry is never dropped: a full queue blocks the caller (back-pressure).
-//! - [`Ledger::record`] returns Ok only once the entry's line is on stable storage.
+//! - An entry is never dropped.
+//! - [`Ledger::record`] returns Ok only once the entry's line is in the file (written
+//!   with `write(2)`): a killed daemon cannot lose it; `fdatasync` follows within a few
+//!   milliseconds (a power cut is the torn tail repaired at the next open).
 //! - If the file cannot be written (ENOSPC, EIO) the bytes stay in memory, the file
 //!   is truncated back to its last good length (no partial line), [`Ledger::health`]
 //!   reports the failure so the filesystem fails mutations closed, and the writer
@@ -25,17 +29,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use chrono::{SecondsFormat, Utc};
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use nix::fcntl::{Flock, FlockArg};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use sha2::{Digest, Sha256};
 
 use super::entry::{b64_encode, encode_path, Draft, Entry, LineRange, MutationClass, MutationType};
 use super::reader::{parse_line, ChainChecker, Finding, Lines};
 use super::vcs::GitHead;
 
-/// Most entries written per batch.
-const MAX_BATCH: usize = 512;
 /// Delay between retries while the file cannot be written.
 const RETRY_EVERY: Duration = Duration::from_millis(100);
 /// How long shutdown keeps retrying a failing disk before giving up (and logging).
@@ -86,9 +87,9 @@ pub enum LedgerError {
 pub struct LedgerOptions {
     /// The workspace root, for the `vcs` field (None: no `vcs`).
     pub workspace: Option<PathBuf>,
-    /// Capacity of the queue in front of the writer; a full queue blocks callers.
+    /// Unused since entries are written by the calling thread (kept for API compatibility).
     pub queue_capacity: usize,
-    /// Longest time the writer spends gathering one batch.
+    /// Shortest time between two `fdatasync`s (at least 5 ms): group commit.
     pub max_batch_delay: Duration,
 }
 
@@ -117,21 +118,20 @@ pub struct OpenReport {
 /// The key of the (intent, path) set behind `mutation_class`.
 type ClassKey = (Option<String>, Vec<u8>);
 
-/// Sender side of one `record` call's wait.
-type Ack = Sender<Result<(), String>>;
-
-enum Msg {
-    Record(Box<Draft>, Option<Ack>),
-    Shutdown,
+/// What the writer state and the sync thread share.
+struct Shared {
+    state: Mutex<WriterState>,
+    /// Wakes the sync thread: something was written (or is pending after a failure).
+    wake: Condvar,
+    /// Some(reason) while the writer cannot write.
+    health: Mutex<Option<String>>,
+    /// (intent, path) pairs that already had a classified mutation.
+    classes: Mutex<HashSet<ClassKey>>,
 }
 
 struct Inner {
     path: PathBuf,
-    tx: Sender<Msg>,
-    /// Some(reason) while the writer cannot write.
-    health: Arc<Mutex<Option<String>>>,
-    /// (intent, path) pairs that already had a classified mutation.
-    classes: Arc<Mutex<HashSet<ClassKey>>>,
+    shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -139,10 +139,13 @@ impl Inner {
     fn shutdown(&self) {
         let handle = self.thread.lock().take();
         if let Some(h) = handle {
-            // The thread drains everything queued before this message.
-            let _ = self.tx.send(Msg::Shutdown);
+            {
+                let mut st = self.shared.state.lock();
+                st.shutdown = true;
+            }
+            self.shared.wake.notify_all();
             if h.join().is_err() {
-                tracing::error!(ledger = %self.path.display(), "ledger writer thread panicked");
+                tracing::error!(ledger = %self.path.display(), "ledger sync thread panicked");
             }
         }
     }
@@ -205,15 +208,16 @@ impl Ledger {
             chain_findings: scan.findings,
         };
         let mut state = WriterState {
-            file,
+            file: Some(file),
             good_len: scan.good_len,
             last_hash: scan.last_hash,
             vcs: opts.workspace.as_deref().map(GitHead::new),
             pending: Vec::new(),
-            waiters: Vec::new(),
             entries: scan.kept_lines,
             dirty_tail: false,
-            path: path.to_path_buf(),
+            unsynced: false,
+            shutdown: false,
+            closed: false,
         };
         if scan.file_len > scan.good_len {
             let removed = scan.file_len - scan.good_len;
@@ -229,12 +233,21 @@ impl Ledger {
             }
             let mut tail = Vec::with_capacity(removed as usize);
             state
-                .file
+                .f()
+                .map_err(io_err)?
                 .seek(SeekFrom::Start(scan.good_len))
                 .map_err(io_err)?;
-            state.file.read_to_end(&mut tail).map_err(io_err)?;
-            state.file.set_len(scan.good_len).map_err(io_err)?;
-            state.file.sync_all().map_err(io_err)?;
+            state
+                .f()
+                .map_err(io_err)?
+                .read_to_end(&mut tail)
+                .map_err(io_err)?;
+            state
+                .f()
+                .map_err(io_err)?
+                .set_len(scan.good_len)
+                .map_err(io_err)?;
+            state.f().map_err(io_err)?.sync_all().map_err(io_err)?;
             let desc = format!(
                 "removed {removed} bytes after line {} (an incomplete or unparsable last write)",
                 scan.kept_lines
@@ -252,29 +265,30 @@ impl Ledger {
             state.append(&draft, &mut classes);
             state
                 .write_batch()
-                .and_then(|()| state.file.sync_data())
+                .and_then(|()| state.f()?.sync_data())
                 .map_err(io_err)?;
             report.entries = state.entries;
             report.repaired_torn_tail = Some(desc);
         }
-        let classes = Arc::new(Mutex::new(classes));
-        let health = Arc::new(Mutex::new(None));
-        let (tx, rx) = crossbeam_channel::bounded(opts.queue_capacity.max(1));
+        let sync_file = state.f().and_then(|f| f.try_clone()).map_err(io_err)?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            wake: Condvar::new(),
+            health: Mutex::new(None),
+            classes: Mutex::new(classes),
+        });
         let thread = {
-            let classes = classes.clone();
-            let health = health.clone();
+            let shared = shared.clone();
             let delay = opts.max_batch_delay;
             let path = path.to_path_buf();
             std::thread::Builder::new()
                 .name("intentfs-ledger".into())
-                .spawn(move || writer_loop(state, rx, classes, health, delay, path))
+                .spawn(move || sync_loop(shared, sync_file, delay, path))
                 .map_err(io_err)?
         };
         let inner = Inner {
             path: path.to_path_buf(),
-            tx,
-            health,
-            classes,
+            shared,
             thread: Mutex::new(Some(thread)),
         };
         Ok((
@@ -285,40 +299,76 @@ impl Ledger {
         ))
     }
 
-    /// Enqueues an entry and waits until it is on stable storage. Many waiting
-    /// callers share one fsync. Blocks while the queue is full.
+    /// Appends an entry and returns once its line is in the file (`write(2)` done): a
+    /// killed daemon cannot lose it. The `fdatasync` follows within a few milliseconds,
+    /// shared by everything written meanwhile (group commit).
     pub fn record(&self, draft: Draft) -> Result<(), LedgerError> {
         if draft.mutation_type.is_none() {
             return Err(LedgerError::Invalid("no mutation_type"));
         }
-        let (ack, wait) = crossbeam_channel::bounded(1);
-        self.inner
-            .tx
-            .send(Msg::Record(Box::new(draft), Some(ack)))
-            .map_err(|_| LedgerError::Closed)?;
-        match wait.recv() {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(reason)) => Err(LedgerError::Unavailable(reason)),
-            Err(_) => Err(LedgerError::Closed),
-        }
+        self.append(&draft)
     }
 
-    /// Enqueues an entry without waiting for durability (it is written with the next
-    /// batch, a few ms later). Blocks while the queue is full; never drops.
+    /// Appends an entry like [`Ledger::record`], but a write failure is not reported (the
+    /// entry stays in memory and is retried until it lands). Never drops.
     pub fn record_nowait(&self, draft: Draft) -> Result<(), LedgerError> {
         if draft.mutation_type.is_none() {
             return Err(LedgerError::Invalid("no mutation_type"));
         }
-        self.inner
-            .tx
-            .send(Msg::Record(Box::new(draft), None))
-            .map_err(|_| LedgerError::Closed)
+        match self.append(&draft) {
+            Err(LedgerError::Closed) => Err(LedgerError::Closed),
+            _ => Ok(()),
+        }
+    }
+
+    /// Chain and write one entry (with whatever an earlier failure left pending).
+    fn append(&self, draft: &Draft) -> Result<(), LedgerError> {
+        let sh = &*self.inner.shared;
+        let mut st = sh.state.lock();
+        if st.closed {
+            return Err(LedgerError::Closed);
+        }
+        {
+            let mut cls = sh.classes.lock();
+            st.append(draft, &mut cls);
+        }
+        let res = st.write_batch();
+        match res {
+            Ok(()) => {
+                st.unsynced = true;
+                drop(st);
+                sh.wake.notify_one();
+                if sh.health.lock().is_some() {
+                    // The disk takes lines again (the sync thread confirms with its flush).
+                    let recovered = sh.health.lock().take();
+                    if let Some(reason) = recovered {
+                        tracing::info!(ledger = %self.inner.path.display(), "ledger writable again after: {reason}");
+                    }
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let reason = format!(
+                    "cannot write {}: {e} (entries kept in memory, retrying)",
+                    self.inner.path.display()
+                );
+                drop(st);
+                let mut h = sh.health.lock();
+                if h.is_none() {
+                    tracing::error!("{reason}");
+                }
+                *h = Some(reason.clone());
+                drop(h);
+                sh.wake.notify_one();
+                Err(LedgerError::Unavailable(reason))
+            }
+        }
     }
 
     /// Err while the writer cannot write (callers fail mutations closed); Ok again
     /// once a retry succeeds.
     pub fn health(&self) -> Result<(), LedgerError> {
-        match &*self.inner.health.lock() {
+        match &*self.inner.shared.health.lock() {
             Some(reason) => Err(LedgerError::Unavailable(reason.clone())),
             None => Ok(()),
         }
@@ -332,7 +382,7 @@ impl Ledger {
             intent.map(str::to_owned),
             path.as_os_str().as_bytes().to_vec(),
         );
-        if self.inner.classes.lock().contains(&key) {
+        if self.inner.shared.classes.lock().contains(&key) {
             MutationClass::AstRefactor
         } else {
             MutationClass::IntentEvolution
@@ -344,7 +394,7 @@ impl Ledger {
         &self.inner.path
     }
 
-    /// Flushes, fsyncs, stops and joins the writer thread. Later `record`s fail
+    /// Flushes, fsyncs, stops and joins the sync thread. Later `record`s fail
     /// with [`LedgerError::Closed`]. Also done when the last handle is dropped.
     pub fn shutdown(&self) {
         self.inner.shutdown();
@@ -413,26 +463,35 @@ fn class_key_of_entry(e: &Entry) -> Option<ClassKey> {
 
 /// The writer thread's state.
 struct WriterState {
-    /// The ledger, open O_APPEND and exclusively locked (released when dropped).
-    file: Flock<File>,
+    /// The ledger, open O_APPEND and exclusively locked (released when dropped, at
+    /// shutdown).
+    file: Option<Flock<File>>,
     /// Length of the file up to its last durable, complete line.
     good_len: u64,
     /// Hex hash of the last line appended to `pending` (or on disk).
     last_hash: String,
     vcs: Option<GitHead>,
-    /// Serialized lines not yet durable.
+    /// Serialized lines not yet written (only after a failed write).
     pending: Vec<u8>,
-    /// Callers waiting for `pending` to be durable.
-    waiters: Vec<Ack>,
     /// Lines in the file plus in `pending`.
     entries: u64,
     /// The file may extend past `good_len` (a failed write whose truncation failed).
     dirty_tail: bool,
-    /// The ledger's path (for the head checkpoint beside it).
-    path: PathBuf,
+    /// Lines were written since the last `fdatasync` was started.
+    unsynced: bool,
+    /// Shutdown was asked: the sync thread drains, syncs and stops.
+    shutdown: bool,
+    /// Shut down: later appends fail.
+    closed: bool,
 }
 
 impl WriterState {
+    fn f(&mut self) -> io::Result<&mut Flock<File>> {
+        self.file
+            .as_mut()
+            .ok_or_else(|| io::Error::other("ledger is shut down"))
+    }
+
     /// Turns a draft into a chained line at the end of `pending`.
     fn append(&mut self, d: &Draft, classes: &mut HashSet<ClassKey>) {
         let Some(mt) = d.mutation_type else { return };
@@ -502,10 +561,14 @@ impl WriterState {
         if self.dirty_tail {
             // A previous attempt may have left part of a line: cut back to the last
             // good length first (O_APPEND writes at the end of whatever is there).
-            self.file.set_len(self.good_len)?;
+            let good = self.good_len;
+            self.f()?.set_len(good)?;
             self.dirty_tail = false;
         }
-        match self.file.write_all(&self.pending) {
+        let pending = std::mem::take(&mut self.pending);
+        let res = self.f().and_then(|f| f.write_all(&pending));
+        self.pending = pending;
+        match res {
             Ok(()) => {
                 self.good_len += self.pending.len() as u64;
                 self.pending.clear();
@@ -514,57 +577,9 @@ impl WriterState {
             Err(e) => {
                 // A partial line must never stay: truncate now, and again before the
                 // next attempt if this truncation fails too.
-                self.dirty_tail = self.file.set_len(self.good_len).is_err();
+                let good = self.good_len;
+                self.dirty_tail = self.f().and_then(|f| f.set_len(good)).is_err();
                 Err(e)
-            }
-        }
-    }
-
-    /// Writes the batch and answers every waiter, then makes it durable (one `fdatasync`
-    /// per batch); updates health.
-    ///
-    /// Why waiters are answered after the `write` and before the `fdatasync`: once the
-    /// bytes are in the file, a killed daemon cannot lose them (the kernel has them); only a
-    /// power cut can, and that is the torn tail repaired at the next mount. Waiting for the
-    /// disk on every mutation would cost a sequential workload (`tar x`) one disk flush per
-    /// file; the fsync still follows within the batch delay.
-    fn commit(&mut self, health: &Mutex<Option<String>>, path: &Path) {
-        let res = self.write_batch().and_then(|()| {
-            for w in self.waiters.drain(..) {
-                let _ = w.send(Ok(()));
-            }
-            self.file.sync_data()
-        });
-        match res {
-            Ok(()) => {
-                let recovered = health.lock().take();
-                if let Some(reason) = recovered {
-                    tracing::info!(ledger = %path.display(), "ledger writable again after: {reason}");
-                }
-                // The checkpoint may lag (a crash between fsync and rename): it is a lower
-                // bound of what is durable, which is all verify needs.
-                if let Err(e) = write_head(
-                    &self.path,
-                    self.entries - self.pending_lines(),
-                    &self.last_hash_durable(),
-                ) {
-                    tracing::warn!("ledger head checkpoint: {e}");
-                }
-            }
-            Err(e) => {
-                let reason = format!(
-                    "cannot write {}: {e} (entries kept in memory, retrying)",
-                    path.display()
-                );
-                let mut h = health.lock();
-                if h.is_none() {
-                    tracing::error!("{reason}");
-                }
-                *h = Some(reason.clone());
-                drop(h);
-                for w in self.waiters.drain(..) {
-                    let _ = w.send(Err(reason.clone()));
-                }
             }
         }
     }
@@ -573,96 +588,114 @@ impl WriterState {
     fn pending_lines(&self) -> u64 {
         self.pending.iter().filter(|b| **b == b'\n').count() as u64
     }
-
-    /// Hash of the last line in the file (pending is empty after a successful commit).
-    fn last_hash_durable(&self) -> String {
-        self.last_hash.clone()
-    }
 }
 
-fn writer_loop(
-    mut st: WriterState,
-    rx: Receiver<Msg>,
-    classes: Arc<Mutex<HashSet<ClassKey>>>,
-    health: Arc<Mutex<Option<String>>>,
-    max_delay: Duration,
-    path: PathBuf,
-) {
-    let mut shutting_down = false;
-    while !shutting_down {
-        // Wait for work; while bytes are pending (failing disk), wake to retry.
-        let first = if st.pending.is_empty() {
-            match rx.recv() {
-                Ok(m) => m,
-                Err(_) => break,
-            }
-        } else {
-            match rx.recv_timeout(RETRY_EVERY) {
-                Ok(m) => m,
-                Err(RecvTimeoutError::Timeout) => {
-                    st.commit(&health, &path);
+/// Shortest time between two `fdatasync`s: a stream of mutations shares one flush.
+const SYNC_EVERY: Duration = Duration::from_millis(5);
+
+/// The background half: retries pending lines after a failure, makes written lines
+/// durable (`fdatasync` outside the lock, so appends go on meanwhile) and keeps the head
+/// checkpoint; at shutdown, drains and syncs, then closes.
+fn sync_loop(sh: Arc<Shared>, sync_file: File, delay: Duration, path: PathBuf) {
+    let gap = SYNC_EVERY.max(delay);
+    let mut last_sync: Option<Instant> = None;
+    let mut shutdown_deadline: Option<Instant> = None;
+    loop {
+        let mut st = sh.state.lock();
+        while !st.unsynced && st.pending.is_empty() && !st.shutdown {
+            sh.wake.wait(&mut st);
+        }
+        if st.shutdown && shutdown_deadline.is_none() {
+            shutdown_deadline = Some(Instant::now() + SHUTDOWN_RETRY_FOR);
+        }
+        // Retry what a failed write left pending.
+        if !st.pending.is_empty() {
+            match st.write_batch() {
+                Ok(()) => {
+                    st.unsynced = true;
+                    let recovered = sh.health.lock().take();
+                    if let Some(reason) = recovered {
+                        tracing::info!(ledger = %path.display(), "ledger writable again after: {reason}");
+                    }
+                }
+                Err(e) => {
+                    let reason = format!(
+                        "cannot write {}: {e} (entries kept in memory, retrying)",
+                        path.display()
+                    );
+                    let mut h = sh.health.lock();
+                    if h.is_none() {
+                        tracing::error!("{reason}");
+                    }
+                    *h = Some(reason);
+                    drop(h);
+                    if let Some(d) = shutdown_deadline {
+                        if Instant::now() >= d {
+                            tracing::error!(
+                                ledger = %path.display(),
+                                "ledger shut down with {} bytes of entries not written",
+                                st.pending.len()
+                            );
+                            st.closed = true;
+                            st.file = None;
+                            break;
+                        }
+                    }
+                    sh.wake.wait_for(&mut st, RETRY_EVERY);
                     continue;
                 }
-                Err(RecvTimeoutError::Disconnected) => break,
             }
-        };
-        // Gather a batch: whatever is queued, up to MAX_BATCH or max_delay. Never wait
-        // on an empty queue: a lone caller must not pay the batch delay.
-        let started = Instant::now();
-        let mut msg = Some(first);
-        let mut n = 0;
-        {
-            let mut cls = classes.lock();
-            while let Some(m) = msg.take() {
-                match m {
-                    Msg::Record(d, ack) => {
-                        st.append(&d, &mut cls);
-                        st.waiters.extend(ack);
-                        n += 1;
-                    }
-                    Msg::Shutdown => {
-                        shutting_down = true;
-                        break;
+        }
+        if st.unsynced {
+            // Group commit: let a stream of appends share one flush.
+            if !st.shutdown {
+                if let Some(t) = last_sync {
+                    let since = t.elapsed();
+                    if since < gap {
+                        drop(st);
+                        std::thread::sleep(gap - since);
+                        st = sh.state.lock();
                     }
                 }
-                if n >= MAX_BATCH || started.elapsed() >= max_delay {
-                    break;
+            }
+            st.unsynced = false;
+            let durable = (st.entries - st.pending_lines(), st.last_hash.clone());
+            let pending_empty = st.pending.is_empty();
+            drop(st);
+            last_sync = Some(Instant::now());
+            match sync_file.sync_data() {
+                Ok(()) => {
+                    // The checkpoint may lag (a crash between fsync and rename): it is a
+                    // lower bound of what is durable, which is all verify needs.
+                    if pending_empty {
+                        if let Err(e) = write_head(&path, durable.0, &durable.1) {
+                            tracing::warn!("ledger head checkpoint: {e}");
+                        }
+                    }
+                    if sh.state.lock().pending.is_empty() {
+                        let recovered = sh.health.lock().take();
+                        if let Some(reason) = recovered {
+                            tracing::info!(ledger = %path.display(), "ledger writable again after: {reason}");
+                        }
+                    }
                 }
-                match rx.try_recv() {
-                    Ok(m) => msg = Some(m),
-                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => {}
+                Err(e) => {
+                    let reason = format!("cannot sync {}: {e} (retrying)", path.display());
+                    tracing::error!("{reason}");
+                    *sh.health.lock() = Some(reason);
+                    sh.state.lock().unsynced = true;
+                    std::thread::sleep(RETRY_EVERY);
                 }
             }
+            continue;
         }
-        st.commit(&health, &path);
-    }
-    // Shutdown: drain what is still queued (a racing record_nowait), then make it durable.
-    {
-        let mut cls = classes.lock();
-        while let Ok(m) = rx.try_recv() {
-            if let Msg::Record(d, ack) = m {
-                st.append(&d, &mut cls);
-                st.waiters.extend(ack);
-            }
-        }
-    }
-    let deadline = Instant::now() + SHUTDOWN_RETRY_FOR;
-    loop {
-        st.commit(&health, &path);
-        if st.pending.is_empty() {
+        if st.shutdown {
+            st.closed = true;
+            st.file = None;
             break;
         }
-        if Instant::now() >= deadline {
-            tracing::error!(
-                ledger = %path.display(),
-                "ledger shut down with {} bytes of entries not written",
-                st.pending.len()
-            );
-            break;
-        }
-        std::thread::sleep(RETRY_EVERY);
     }
-    *health.lock() = Some("ledger is shut down".to_owned());
+    *sh.health.lock() = Some("ledger is shut down".to_owned());
 }
 
 /// The head checkpoint beside a ledger: how many entries are durable and the hash of the
@@ -695,6 +728,14 @@ fn write_head(ledger: &Path, entries: u64, last: &str) -> io::Result<()> {
         last: last.to_owned(),
     })
     .map_err(io::Error::other)?;
-    std::fs::write(&tmp, body)?;
+    // An explicit mode: this may run on a thread whose umask is 0 (see fs::sys).
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o640)
+        .open(&tmp)?;
+    f.write_all(&body)?;
+    drop(f);
     std::fs::rename(&tmp, &head)
 }

@@ -25,7 +25,7 @@ use std::path::Path;
 
 use globset::{Candidate, GlobBuilder, GlobSet, GlobSetBuilder};
 
-use super::error::quote;
+use super::error::{quote, quote_verbatim};
 
 /// The sensitive defaults. Each matches the file name at any depth (compiled as
 /// `**/PATTERN`), case-insensitively.
@@ -231,7 +231,7 @@ impl RuleSetBuilder {
 pub(crate) fn add_sensitive_defaults(builder: &mut RuleSetBuilder) {
     for pattern in SENSITIVE_DEFAULTS {
         let glob = format!("**/{pattern}");
-        let rule = format!("sensitive default {}", quote(pattern));
+        let rule = format!("sensitive default {}", quote_verbatim(pattern));
         // The defaults are constants covered by tests; a failure here is a bug in them,
         // and skipping one rule is safer than panicking inside a running mount.
         if let Err(e) = builder.add(pattern, &[glob], rule, true) {

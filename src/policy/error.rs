@@ -146,9 +146,28 @@ pub(crate) fn lower_first(s: &str) -> String {
     }
 }
 
-/// Quotes user input for a message: `"like this"`, with control characters escaped.
+/// Quotes user input for a message: `"like this"`, with control characters escaped, and
+/// clipped to [`QUOTE_MAX`] characters so that a megabyte-long value in a hostile or
+/// broken policy cannot make a megabyte-long log line or desktop notice.
 pub(crate) fn quote(s: &str) -> String {
+    format!("{:?}", clip(s))
+}
+
+/// Quotes a rule's own text verbatim (unclipped): rule texts are quoted in the ledger and
+/// in `last_error` and must name the rule exactly.
+pub(crate) fn quote_verbatim(s: &str) -> String {
     format!("{s:?}")
+}
+
+/// Most characters of user input quoted in a message.
+pub(crate) const QUOTE_MAX: usize = 120;
+
+/// `s`, or its first [`QUOTE_MAX`] characters followed by `...`.
+fn clip(s: &str) -> std::borrow::Cow<'_, str> {
+    match s.char_indices().nth(QUOTE_MAX) {
+        None => s.into(),
+        Some((i, _)) => format!("{}...", &s[..i]).into(),
+    }
 }
 
 /// Edit distance between two strings, counted in characters. Small inputs only (keys,
@@ -171,8 +190,20 @@ pub(crate) fn levenshtein(a: &str, b: &str) -> usize {
 /// The candidate closest to `input` (case-insensitively), if it is close enough to be a
 /// plausible typo: at most 2 edits, or a third of the input's length for long words.
 pub(crate) fn closest<'a>(input: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    let len = input.chars().count();
+    let limit = 2.max(len / 3);
+    // The distance is at least the difference in length: skip the O(n*m) computation
+    // for candidates that cannot be close (a megabyte-long key or value in a broken
+    // policy would otherwise take seconds).
+    let candidates: Vec<&'a str> = candidates
+        .iter()
+        .copied()
+        .filter(|c| len.abs_diff(c.chars().count()) <= limit)
+        .collect();
+    if candidates.is_empty() {
+        return None;
+    }
     let lowered = input.to_lowercase();
-    let limit = 2.max(input.chars().count() / 3);
     candidates
         .iter()
         .map(|c| (levenshtein(&lowered, &c.to_lowercase()), *c))
@@ -284,6 +315,11 @@ pub(crate) fn from_yaml(err: &serde_saphyr::Error, text: &str, file: &Path) -> P
             }
         })
         .collect();
+    // The parser's own text may quote a whole scalar; keep the message readable.
+    let generic = match generic.char_indices().nth(4 * QUOTE_MAX) {
+        None => generic,
+        Some((i, _)) => format!("{}...", &generic[..i]),
+    };
 
     match inner {
         E::SerdeUnknownField {
@@ -391,6 +427,15 @@ pub(crate) fn from_yaml(err: &serde_saphyr::Error, text: &str, file: &Path) -> P
         E::SerdeInvalidType { expected, .. } if expected.contains("sequence") => {
             PolicyError::invalid(file, line, column, generic.clone(), LIST_HINT)
         }
+        // The YAML scanner's own nesting guard (before our depth budget can see it).
+        _ if generic.contains("recursion limit exceeded") => PolicyError::invalid(
+            file,
+            line,
+            column,
+            "the policy is nested too deeply (yaml recursion limit exceeded)",
+            "a policy is at most a few levels deep (intents, then each intent's lists); \
+             check for runaway brackets or indentation",
+        ),
         _ => PolicyError::invalid(
             file,
             line,

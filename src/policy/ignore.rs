@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 
-use super::error::{line_col_of_byte, quote, PolicyError};
+use super::error::{line_col_of_byte, quote, quote_verbatim, PolicyError};
 
 /// The file name, at the workspace root.
 pub const INTENTIGNORE: &str = ".intentignore";
@@ -158,7 +158,7 @@ impl IntentIgnore {
                 let from = glob
                     .from()
                     .map_or_else(|| INTENTIGNORE.to_string(), |f| f.display().to_string());
-                Some(format!("{from} {}", quote(glob.original())))
+                Some(format!("{from} {}", quote_verbatim(glob.original())))
             }
             ignore::Match::Whitelist(_) | ignore::Match::None => None,
         }

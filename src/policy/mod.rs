@@ -37,7 +37,7 @@ pub use error::{PolicyError, SourcePos};
 pub use ignore::{IntentIgnore, INTENTIGNORE};
 
 use compile::{RuleSet, RuleSetBuilder};
-use error::{did_you_mean, line_col_of_byte, quote};
+use error::{did_you_mean, line_col_of_byte, quote, quote_verbatim};
 
 /// An intent's lifecycle state. Only [`Status::InProgress`] can be selected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -271,6 +271,22 @@ impl Policy {
         if text.len() > schema::MAX_POLICY_BYTES {
             return Err(too_large(origin));
         }
+        // A file with no document at all is almost always a write caught half-way (an
+        // editor's truncate-then-write) or a mistake; reading it as "no intents" would
+        // silently refuse every write. A policy with no intents is `active_intents: []`.
+        let blank = text.lines().all(|l| {
+            let t = l.trim();
+            t.is_empty() || t.starts_with('#') || t == "---" || t == "..."
+        });
+        if blank {
+            return Err(PolicyError::invalid(
+                origin,
+                1,
+                1,
+                "the policy file is empty (no YAML document)",
+                "write the policy (policies/example.yaml in the intentfs source shows one), or `active_intents: []` for a policy with no intents",
+            ));
+        }
         let raw = schema::parse_raw(text).map_err(|e| error::from_yaml(&e, text, origin))?;
         build(raw, origin)
     }
@@ -492,7 +508,7 @@ fn build(raw: schema::RawPolicy, origin: &Path) -> Result<Policy, PolicyError> {
                 err(glob_pos, format!("{} (intent {id})", p.message), p.hint)
             };
             let globs = compile::expand(&pattern, "owned_scope").map_err(in_intent)?;
-            let rule = format!("owned_scope {} of {id}", quote(&pattern));
+            let rule = format!("owned_scope {} of {id}", quote_verbatim(&pattern));
             scope
                 .add(&pattern, &globs, rule, false)
                 .map_err(in_intent)?;
@@ -521,7 +537,11 @@ fn build(raw: schema::RawPolicy, origin: &Path) -> Result<Policy, PolicyError> {
         let pattern = glob.value;
         let problem = |p: compile::GlobProblem| err(glob_pos, p.message, p.hint);
         let globs = compile::expand(&pattern, "sensitive").map_err(problem)?;
-        let rule = format!("sensitive {} (policy line {})", quote(&pattern), glob_pos.0);
+        let rule = format!(
+            "sensitive {} (policy line {})",
+            quote_verbatim(&pattern),
+            glob_pos.0
+        );
         sensitive
             .add(&pattern, &globs, rule, false)
             .map_err(problem)?;

@@ -323,11 +323,9 @@ fn approval_values() {
 }
 
 #[test]
-fn empty_files_are_valid_with_no_intents() {
+fn documents_without_intents_are_valid_with_no_intents() {
+    // (A file with no document at all is an error: see the test below.)
     for text in [
-        "",
-        "\n\n",
-        "# only a comment\n",
         "~\n",
         "intents:\n",
         "intents: []\n",
@@ -574,4 +572,17 @@ fn levenshtein_and_closest() {
         closest("xyz", &["out_of_scope", "timeout_s", "delete"]),
         None
     );
+}
+
+#[test]
+fn an_empty_policy_file_is_an_error_not_a_policy_without_intents() {
+    for text in ["", "\n\n", "# only a comment\n", "---\n# c\n...\n", "   \n"] {
+        let e = Policy::parse(text, Path::new("p.yaml")).expect_err(text);
+        let s = e.to_string();
+        assert!(s.contains("empty"), "{text:?}: {s}");
+        assert!(s.contains("p.yaml:1:1"), "{text:?}: {s}");
+    }
+    // An explicit empty list is a policy with no intents.
+    let p = Policy::parse("active_intents: []\n", Path::new("p.yaml")).unwrap();
+    assert!(p.intents().is_empty());
 }

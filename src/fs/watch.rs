@@ -1,0 +1,295 @@
+//! Cache invalidation for changes made to the workspace outside the mount.
+//!
+//! The kernel caches entries and attributes for [`LONG_TTL`] (and file pages across opens),
+//! which is only safe if it hears about changes it did not make. Every directory the
+//! kernel learns children of is marked with fanotify (directory marks report their
+//! children's creation, deletion, renames, writes and attribute changes, with the child's
+//! name); a thread reads the events and tells the kernel which entries and inodes to drop
+//! (FUSE notify `inval_entry`/`inval_inode`). Events caused by the daemon itself (its pid)
+//! are skipped: the kernel already knows what it asked for.
+//!
+//! When fanotify is not available (no `CAP_SYS_ADMIN`, a filesystem without file handles,
+//! a mark limit), the watcher degrades and every later reply carries the short TTL.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{CString, OsStr};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::{sys, Fs};
+
+/// TTL when changes outside the mount are watched.
+pub const LONG_TTL: Duration = Duration::from_secs(30);
+/// TTL when they are not (no watcher, or a directory could not be marked).
+pub const SHORT_TTL: Duration = Duration::from_secs(1);
+
+/// What the watcher asks of the kernel (implemented over fuser's `Notifier`).
+pub trait Invalidate: Send + Sync {
+    fn inval_entry(&self, parent: u64, name: &OsStr);
+    fn inval_inode(&self, nodeid: u64);
+}
+
+const MASK: u64 = libc::FAN_MODIFY
+    | libc::FAN_ATTRIB
+    | libc::FAN_CREATE
+    | libc::FAN_DELETE
+    | libc::FAN_MOVED_FROM
+    | libc::FAN_MOVED_TO
+    | libc::FAN_DELETE_SELF
+    | libc::FAN_MOVE_SELF
+    | libc::FAN_EVENT_ON_CHILD
+    | libc::FAN_ONDIR;
+
+/// A file handle as fanotify reports it: `handle_type` then the opaque bytes.
+type Fid = Vec<u8>;
+
+/// The fanotify group and the directories marked in it.
+pub struct Watcher {
+    fan: OwnedFd,
+    /// Backing (dev, ino) of every marked directory.
+    marked: Mutex<HashSet<(u64, u64)>>,
+    /// Directory file handle -> backing (dev, ino).
+    by_fid: Mutex<HashMap<Fid, (u64, u64)>>,
+    /// A mark failed: replies use the short TTL from now on.
+    degraded: AtomicBool,
+    /// Set once the session exists.
+    inval: OnceLock<Box<dyn Invalidate>>,
+}
+
+fn fid_of(dir: BorrowedFd<'_>, name: Option<&OsStr>) -> Option<Fid> {
+    let (path, flags) = match name {
+        Some(n) => (CString::new(n.as_bytes()).ok()?, 0),
+        None => (CString::default(), libc::AT_EMPTY_PATH),
+    };
+    let (ty, bytes) = sys::name_to_handle(dir, &path, flags).ok()?;
+    let mut v = ty.to_ne_bytes().to_vec();
+    v.extend_from_slice(&bytes);
+    Some(v)
+}
+
+impl Watcher {
+    /// A fanotify group, or None when the kernel refuses one.
+    pub fn new() -> Option<Watcher> {
+        let fan = sys::fanotify_init(
+            libc::FAN_CLASS_NOTIF
+                | libc::FAN_CLOEXEC
+                | libc::FAN_REPORT_DFID_NAME
+                | libc::FAN_UNLIMITED_QUEUE
+                | libc::FAN_UNLIMITED_MARKS,
+        )
+        .map_err(|e| tracing::info!("fanotify unavailable ({e}): short cache TTLs"))
+        .ok()?;
+        Some(Watcher {
+            fan,
+            marked: Mutex::new(HashSet::new()),
+            by_fid: Mutex::new(HashMap::new()),
+            degraded: AtomicBool::new(false),
+            inval: OnceLock::new(),
+        })
+    }
+
+    /// The TTL replies may carry now.
+    pub fn ttl(&self) -> Duration {
+        if self.degraded.load(Ordering::Relaxed) || self.inval.get().is_none() {
+            SHORT_TTL
+        } else {
+            LONG_TTL
+        }
+    }
+
+    /// Watch the directory `dir_fd/name` (or `dir_fd` itself) whose backing inode is
+    /// `(dev, ino)`, unless already watched.
+    pub fn watch_dir(&self, dev: u64, ino: u64, dir_fd: BorrowedFd<'_>, name: Option<&OsStr>) {
+        if self.marked.lock().contains(&(dev, ino)) {
+            return;
+        }
+        let ok = (|| {
+            let fid = fid_of(dir_fd, name)?;
+            let path = match name {
+                Some(n) => CString::new(n.as_bytes()).ok()?,
+                None => CString::new(format!("/proc/self/fd/{}", dir_fd.as_raw_fd())).ok()?,
+            };
+            let dirfd = if name.is_some() {
+                dir_fd.as_raw_fd()
+            } else {
+                libc::AT_FDCWD
+            };
+            let mut flags = libc::FAN_MARK_ADD | libc::FAN_MARK_ONLYDIR;
+            if name.is_some() {
+                flags |= libc::FAN_MARK_DONT_FOLLOW;
+            }
+            sys::fanotify_mark(self.fan.as_raw_fd(), flags, MASK, dirfd, &path)
+                .map_err(|e| tracing::warn!("fanotify mark failed ({e}): short cache TTLs"))
+                .ok()?;
+            self.by_fid.lock().insert(fid, (dev, ino));
+            Some(())
+        })();
+        match ok {
+            Some(()) => {
+                self.marked.lock().insert((dev, ino));
+            }
+            None => self.degraded.store(true, Ordering::Relaxed),
+        }
+    }
+
+    /// Install a watcher on `fs` and watch its root (before the kernel asks anything).
+    pub fn install(fs: &Fs) {
+        let Some(w) = Watcher::new() else { return };
+        if fs.watch.set(w).is_err() {
+            return;
+        }
+        if let Ok(fd) = fs.fd(fs.table.root()) {
+            let root = fs.table.root();
+            fs.watch_dir_fd(root.dev, root.ino, std::os::fd::AsFd::as_fd(&*fd));
+        }
+    }
+
+    /// Start delivering invalidations for `fs` (the session's notifier is ready).
+    pub fn start(fs: &Arc<Fs>, inval: Box<dyn Invalidate>) {
+        let Some(w) = fs.watch.get() else { return };
+        if w.inval.set(inval).is_err() {
+            return;
+        }
+        let Ok(fan) = w.fan.try_clone() else {
+            w.degraded.store(true, Ordering::Relaxed);
+            return;
+        };
+        let weak = Arc::downgrade(fs);
+        let r = std::thread::Builder::new()
+            .name("intentfs-watch".into())
+            .spawn(move || run(weak, fan));
+        if r.is_err() {
+            w.degraded.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+fn run(fs: Weak<Fs>, fan: OwnedFd) {
+    let me = std::process::id() as i32;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match sys::read_fd(fan.as_raw_fd(), &mut buf) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(e) => {
+                tracing::warn!("fanotify read: {e}");
+                if let Some(fs) = fs.upgrade() {
+                    if let Some(w) = fs.watch.get() {
+                        w.degraded.store(true, Ordering::Relaxed);
+                    }
+                }
+                return;
+            }
+        };
+        let Some(fs) = fs.upgrade() else { return };
+        let mut off = 0;
+        while off + 24 <= n {
+            let ev = &buf[off..n];
+            let len = u32::from_ne_bytes(ev[0..4].try_into().unwrap()) as usize;
+            if len < 24 || len > ev.len() {
+                break;
+            }
+            let meta_len = u16::from_ne_bytes(ev[6..8].try_into().unwrap()) as usize;
+            let mask = u64::from_ne_bytes(ev[8..16].try_into().unwrap());
+            let pid = i32::from_ne_bytes(ev[20..24].try_into().unwrap());
+            if mask & libc::FAN_Q_OVERFLOW != 0 {
+                fs.invalidate_all();
+            } else if pid != me {
+                handle(&fs, mask, &ev[meta_len.min(len)..len]);
+            }
+            off += len;
+        }
+    }
+}
+
+/// One event's info records: find the directory fid and the name.
+fn handle(fs: &Fs, _mask: u64, mut info: &[u8]) {
+    while info.len() >= 4 {
+        let ty = info[0];
+        let len = u16::from_ne_bytes(info[2..4].try_into().unwrap()) as usize;
+        if len < 4 || len > info.len() {
+            return;
+        }
+        let rec = &info[..len];
+        info = &info[len..];
+        if ty != libc::FAN_EVENT_INFO_TYPE_DFID_NAME && ty != libc::FAN_EVENT_INFO_TYPE_DFID {
+            continue;
+        }
+        // header(4) fsid(8) handle_bytes(4) handle_type(4) f_handle[handle_bytes] name\0
+        if rec.len() < 20 {
+            continue;
+        }
+        let hb = u32::from_ne_bytes(rec[12..16].try_into().unwrap()) as usize;
+        if 20 + hb > rec.len() {
+            continue;
+        }
+        let mut fid = rec[16..20].to_vec();
+        fid.extend_from_slice(&rec[20..20 + hb]);
+        let name = if ty == libc::FAN_EVENT_INFO_TYPE_DFID_NAME {
+            let raw = &rec[20 + hb..];
+            let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+            &raw[..end]
+        } else {
+            &b"."[..]
+        };
+        let Some(w) = fs.watch.get() else { return };
+        let Some(inval) = w.inval.get() else { return };
+        let Some(key) = w.by_fid.lock().get(&fid).copied() else {
+            continue;
+        };
+        let Some(dir) = fs.table.by_backing(key.0, key.1) else {
+            continue;
+        };
+        if name.is_empty() || name == b"." {
+            inval.inval_inode(dir.nodeid);
+            continue;
+        }
+        let name = OsStr::from_bytes(name);
+        // The child's attributes or content, if the kernel knows it.
+        if let Ok(dfd) = fs.table.fd(&dir) {
+            if let Ok(st) = sys::stat_at(std::os::fd::AsFd::as_fd(&*dfd), name) {
+                if let Some(child) = fs.table.by_backing(st.st_dev, st.st_ino) {
+                    inval.inval_inode(child.nodeid);
+                }
+            }
+        }
+        inval.inval_entry(dir.nodeid, name);
+        inval.inval_inode(dir.nodeid);
+    }
+}
+
+impl Fs {
+    /// Replies' TTL for entries and attributes.
+    pub fn ttl(&self) -> Duration {
+        match self.watch.get() {
+            Some(w) => w.ttl(),
+            None => SHORT_TTL,
+        }
+    }
+
+    /// Make sure changes below the directory `node` (reached through `fd`) are watched
+    /// before the kernel caches anything below it.
+    pub(crate) fn watch_dir_fd(&self, dev: u64, ino: u64, fd: BorrowedFd<'_>) {
+        if let Some(w) = self.watch.get() {
+            w.watch_dir(dev, ino, fd, None);
+        }
+    }
+
+    /// Overflow: drop everything the kernel may have cached.
+    fn invalidate_all(&self) {
+        let Some(w) = self.watch.get() else { return };
+        let Some(inval) = w.inval.get() else { return };
+        for node in self.table.all() {
+            inval.inval_inode(node.nodeid);
+            for (parent, name) in node.aliases() {
+                inval.inval_entry(parent, &name);
+            }
+        }
+    }
+}
