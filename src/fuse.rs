@@ -232,6 +232,9 @@ fn fopen(o: OpenOpts) -> FopenFlags {
     if o.keep_cache {
         f |= FopenFlags::FOPEN_KEEP_CACHE;
     }
+    if o.noflush {
+        f |= FopenFlags::FOPEN_NOFLUSH;
+    }
     f
 }
 

@@ -1079,6 +1079,14 @@ fn write_to_a_file_renamed_over_while_open_is_ledgered_with_a_path() {
             "WRITE entry with an empty path: {e}"
         );
     }
+    // The write through the handle keeps the name it was written under, marked detached:
+    // its content is on record but no longer at d/f.
+    let w = writes
+        .iter()
+        .find(|e| e["content_hash"] == format!("sha256:{}", sha256_hex(b"written through the open handle\n")))
+        .unwrap_or_else(|| panic!("no WRITE entry of the handle's content: {writes:#?}"));
+    assert_eq!(w["path"], "d/f", "{w:#}");
+    assert_eq!(w["detail"]["detached"], true, "{w:#}");
     let out = intentfs()
         .args(["ledger", "verify"])
         .arg(&tm.ws)

@@ -573,6 +573,8 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
     drop(intent_map);
     let _ = std::fs::remove_file(rt.join("pid"));
     drop(pid_file);
+    // Leave no empty runtime directory behind (a daemonized mount keeps its daemon.log).
+    let _ = std::fs::remove_dir(rt);
     tracing::info!("unmounted {}", plan.mountpoint.display());
     result.map_err(|e| anyhow!("serving: {e}"))
 }

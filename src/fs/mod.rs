@@ -59,6 +59,9 @@ pub struct OpenOpts {
     /// A read-only open the daemon needs no per-read decision for (what the identity
     /// saw is recorded at open): the kernel may read the backing file directly.
     pub passthrough: bool,
+    /// Nothing to do at close (a read-only handle): the kernel need not send FLUSH, so
+    /// `close(2)` does not wait for a round trip.
+    pub noflush: bool,
 }
 
 /// An open regular file.

@@ -766,6 +766,7 @@ impl Fs {
                 direct_io: false,
                 keep_cache,
                 passthrough,
+                noflush: write_rel.is_none(),
             },
         ))
     }
@@ -801,6 +802,8 @@ impl Fs {
                 direct_io: true,
                 keep_cache: false,
                 passthrough: false,
+                // The lesson file is appended at close.
+                noflush: acc == libc::O_RDONLY,
             },
         ))
     }
