@@ -598,6 +598,7 @@ const SYNC_EVERY: Duration = Duration::from_millis(5);
 /// checkpoint; at shutdown, drains and syncs, then closes.
 fn sync_loop(sh: Arc<Shared>, sync_file: File, delay: Duration, path: PathBuf) {
     let gap = SYNC_EVERY.max(delay);
+    let mut head_file: Option<File> = None;
     let mut last_sync: Option<Instant> = None;
     let mut shutdown_deadline: Option<Instant> = None;
     loop {
@@ -668,7 +669,7 @@ fn sync_loop(sh: Arc<Shared>, sync_file: File, delay: Duration, path: PathBuf) {
                     // The checkpoint may lag (a crash between fsync and rename): it is a
                     // lower bound of what is durable, which is all verify needs.
                     if pending_empty {
-                        if let Err(e) = write_head(&path, durable.0, &durable.1) {
+                        if let Err(e) = write_head(&path, &mut head_file, durable.0, &durable.1) {
                             tracing::warn!("ledger head checkpoint: {e}");
                         }
                     }
@@ -718,24 +719,49 @@ pub fn read_head(ledger: &Path) -> Option<Head> {
     serde_json::from_slice(&std::fs::read(head_path(ledger)).ok()?).ok()
 }
 
-fn write_head(ledger: &Path, entries: u64, last: &str) -> io::Result<()> {
-    let head = head_path(ledger);
-    let mut tmp = head.as_os_str().to_os_string();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let body = serde_json::to_vec(&Head {
+/// Size of the head record: the JSON padded with spaces and a newline, so each checkpoint
+/// overwrites the last one in place (one small `pwrite`, no new inode per checkpoint: a
+/// temp file renamed over it every few ms made ext4 scan its recently freed inodes).
+const HEAD_RECORD: usize = 160;
+
+/// The head record for `entries` and `last`: exactly [`HEAD_RECORD`] bytes.
+fn head_record(entries: u64, last: &str) -> io::Result<Vec<u8>> {
+    let mut body = serde_json::to_vec(&Head {
         entries,
         last: last.to_owned(),
     })
     .map_err(io::Error::other)?;
-    // An explicit mode: this may run on a thread whose umask is 0 (see fs::sys).
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o640)
-        .open(&tmp)?;
-    f.write_all(&body)?;
-    drop(f);
-    std::fs::rename(&tmp, &head)
+    if body.len() >= HEAD_RECORD {
+        return Err(io::Error::other("head record too long"));
+    }
+    body.resize(HEAD_RECORD - 1, b' ');
+    body.push(b'\n');
+    Ok(body)
+}
+
+/// Write the checkpoint into `<ledger>.head`, opened once and kept in `file`. A reader
+/// sees the old or the new record (one write inside one page); after a crash the record
+/// may lag, which verify tolerates (it is a lower bound).
+fn write_head(ledger: &Path, file: &mut Option<File>, entries: u64, last: &str) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let rec = head_record(entries, last)?;
+    if file.is_none() {
+        // An explicit mode: the umask of this thread is not the daemon's concern here.
+        let f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o640)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(head_path(ledger))?;
+        // An older, longer record must not leave a tail behind.
+        f.set_len(HEAD_RECORD as u64)?;
+        *file = Some(f);
+    }
+    let f = file.as_ref().expect("opened above");
+    if let Err(e) = f.write_all_at(&rec, 0) {
+        *file = None;
+        return Err(e);
+    }
+    Ok(())
 }
