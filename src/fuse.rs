@@ -308,7 +308,11 @@ impl Filesystem for FuseFs {
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_MAX_PAGES
             | InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_READDIRPLUS_AUTO;
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            // The filesystem drops set-user-ID/set-group-ID on writes (see
+            // `Fs::kill_suidgid`): the kernel then stops asking for security.capability
+            // before every write (one round trip per write).
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         let _ = config.add_capabilities(wanted & config.capabilities());
         let _ = config.set_max_write(1024 * 1024);
         // Kernel passthrough for read-only opens (FUSE_PASSTHROUGH needs a backing stack
@@ -540,12 +544,13 @@ impl Filesystem for FuseFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.fs.write(&caller(req), fh.0, offset, data) {
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        match self.fs.write(&caller(req), fh.0, offset, data, kill) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(e)),
         }

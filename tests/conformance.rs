@@ -144,3 +144,62 @@ fn open_trunc_of_a_running_executable_is_etxtbsy() {
         "(errno of O_WRONLY, O_RDWR, O_RDONLY|O_TRUNC; bytes lost)"
     );
 }
+
+/// A write, a truncate, an `O_TRUNC` open, `fallocate` and `copy_file_range` by a caller
+/// without `CAP_FSETID` drop set-user-ID, and set-group-ID on a group-executable file, as
+/// natively. With `FUSE_HANDLE_KILLPRIV_V2` the kernel leaves this to intentfs; a missed
+/// kill would leave a setuid-root file an agent has just rewritten.
+#[test]
+fn content_changes_by_an_unprivileged_caller_drop_setuid_and_setgid() {
+    if !is_root() {
+        eprintln!("SKIP: needs root (switches to nobody)");
+        return;
+    }
+    let tm = TestMount::builder()
+        .policy(ALLOW_ALL)
+        .intent("ALL")
+        .arg("--allow-other")
+        .mount();
+    let plain = tempfile::tempdir().unwrap();
+    for d in [plain.path(), tm.root.as_path()] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    // Each case: prepare f (root, mode 06777, 4 bytes), then `nobody` runs the snippet.
+    const CASES: &[(&str, &str)] = &[
+        ("write", "fd = os.open('f', os.O_WRONLY); os.write(fd, b'x'); os.close(fd)"),
+        ("truncate", "os.truncate('f', 2)"),
+        ("ftruncate", "fd = os.open('f', os.O_WRONLY); os.ftruncate(fd, 1); os.close(fd)"),
+        ("o_trunc", "os.close(os.open('f', os.O_WRONLY | os.O_TRUNC))"),
+        ("fallocate", "fd = os.open('f', os.O_WRONLY); os.posix_fallocate(fd, 0, 64); os.close(fd)"),
+        ("copy_file_range", "i = os.open('g', os.O_RDONLY); o = os.open('f', os.O_WRONLY); os.copy_file_range(i, o, 4); os.close(i); os.close(o)"),
+        ("read", "os.close(os.open('f', os.O_RDONLY))"),
+    ];
+    let modes = |dir: &Path, group_exec: bool| -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for (name, code) in CASES {
+            let f = dir.join("f");
+            let _ = std::fs::remove_file(&f);
+            std::fs::write(&f, "abcd").unwrap();
+            std::fs::write(dir.join("g"), "wxyz").unwrap();
+            let mode = if group_exec { 0o6777 } else { 0o6767 };
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            let st = Command::new("python3")
+                .arg("-c")
+                .arg(format!("import os\nos.setgid(65534)\nos.setuid(65534)\n{code}"))
+                .current_dir(dir)
+                .status()
+                .unwrap();
+            assert!(st.success(), "{name} as nobody in {}", dir.display());
+            let m = std::fs::metadata(&f).unwrap().permissions().mode() & 0o7777;
+            out.push((name.to_string(), format!("{m:o}")));
+        }
+        out
+    };
+    for group_exec in [true, false] {
+        let native = modes(plain.path(), group_exec);
+        // The test means something: natively a write drops set-user-ID, a read does not.
+        assert!(!native[0].1.starts_with('6') && !native[0].1.starts_with('4'), "{native:?}");
+        assert!(native.last().unwrap().1.starts_with('6'), "{native:?}");
+        assert_eq!(modes(&tm.m(""), group_exec), native, "modes after each change (mount vs native)");
+    }
+}

@@ -34,10 +34,13 @@ const OWN: usize = 6;
 /// (set to false once it is fixed, to make the storm strict again).
 const KNOWN_BUG_EMPTY_PATH: bool = false;
 /// Tolerate (and print) WRITE entries attributed to an identity for a file it had already
-/// closed, with the content another identity left there (seen in the storm: identity A
-/// creates and writes shared/f04 and closes it; the ledger then has a second WRITE by A of
-/// shared/f04 with content_hash sha256(empty), prev_content_hash = A's content, before A's
-/// next operation's entry, while A's log shows no further operation on f04).
+/// closed, and drift of a shared file whose last entry is a WRITE. Root cause of the spurious
+/// entries found: with kernel passthrough (INTENTFS_PASSTHROUGH=1) a write open of an inode a
+/// passthrough reader holds is answered EIO by the kernel *after* the daemon's open applied
+/// O_TRUNC; the RELEASE that follows records the truncation (content sha256(empty), prev = the
+/// content before), while the worker logs a failed open. Without passthrough (the default) none
+/// in 10+ storms; the flag stays for the passthrough case and for a racing WRITE entry that is
+/// occasionally last for a path with other content (drift, seen once with seed 3).
 const KNOWN_BUG_SPURIOUS_WRITE: bool = true;
 
 /// The worker: `worker.py K SEED NOPS LOG NSHARED NOWN NWORKERS`, run from the mount root.
@@ -490,13 +493,12 @@ fn eight_identities_storm_checked_against_a_model() {
 
 /// The storm with "no lost update" enforced.
 #[test]
-#[ignore = "BUG: lost update not refused under concurrency. Seen (seed 8, 300 ops): (1) B reads shared/f06 \
-            (version V); A renames .tmp (version W) over shared/f06; B opens shared/f06 O_WRONLY|O_TRUNC: \
-            allowed, B's WRITE entry has prev_content_hash = sha256(W). (2) B writes shared/f04 (V); A renames \
-            .tmp (W) over f04; C renames f04 to gone.C; B opens f04 O_WRONLY|O_TRUNC racing C's rename: allowed, \
-            B's WRITE entry path = gone.C, prev_content_hash = sha256(W). Expected STALE_FILE both times (B never \
-            saw W). The stale check looks up the identity's view by the node's current path, not the path the \
-            agent opened; sequentially it holds (overwrite_after_another_identity_renamed_a_new_version_over_is_refused)"]
+#[ignore = "BUG (reduced, not gone): lost update not refused under concurrency. Fixed: check-then-act races \
+            (a per-inode stale lock across check + truncate/rename/unlink/write and the WRITE entry), views under every \
+            name and names lost to another identity just before the open, exact read views. Left: about one in 30,000 \
+            operations (fails 1 run in 2-3, seeds 21/22): a traced case is a read whose view the daemon never \
+            recorded, so a later rename-over by that identity was judged as by one that never read the file; \
+            sequentially every case holds (tests/stale.rs). Run: INTENTFS_TEST_KEEP=1 INTENTFS_LOG=intentfs=debug."]
 fn eight_identities_storm_no_lost_update() {
     storm(true);
 }

@@ -29,6 +29,13 @@ pub const ROOT: u64 = 1;
 pub const SYNTHETIC_BASE: u64 = 0xF000_0000_0000_0000;
 /// How many names of one inode (hard links) we remember.
 const MAX_ALIASES: usize = 16;
+/// How many names lost to renames a node remembers.
+const MAX_DEPARTED: usize = 4;
+
+/// `(parent, name, tick, when, identity key)`: see `Node::departed`.
+type Departed = (u64, OsString, u64, std::time::Instant, String);
+/// Lock stripes for [`InodeTable::stale_locks`].
+const STALE_STRIPES: usize = 64;
 
 /// One backing inode known to the kernel.
 pub struct Node {
@@ -51,6 +58,11 @@ pub struct Node {
     /// The stamp at the last read-only open, to let the kernel keep its page cache when the
     /// file is unchanged; cleared by any open for write.
     pub last_open: Mutex<Option<crate::guard::stale::Stamp>>,
+    /// Names this inode recently lost (renamed away or over, unlinked), `(parent, name,
+    /// tick, when, by)`, newest first, a few: an open that the kernel resolved through such
+    /// a name just before reaches the daemon without it (see `Fs::check_stale_node`). `by`
+    /// is the identity whose request moved the name (its own views moved with it).
+    departed: Mutex<Vec<Departed>>,
 }
 
 impl Node {
@@ -66,6 +78,16 @@ impl Node {
     /// The names this inode is known by.
     pub fn aliases(&self) -> Vec<(u64, OsString)> {
         self.names.lock().clone()
+    }
+    /// Names this inode recently lost, with the tick of the loss, not counting those the
+    /// identity `except` moved itself (its views followed the file).
+    pub fn departed(&self, except: &str) -> Vec<(u64, OsString, u64, std::time::Instant)> {
+        self.departed
+            .lock()
+            .iter()
+            .filter(|d| d.4 != except)
+            .map(|d| (d.0, d.1.clone(), d.2, d.3))
+            .collect()
     }
 }
 
@@ -93,6 +115,8 @@ pub struct InodeTable {
     /// Order in which handles were opened (oldest first), for eviction.
     lru: Mutex<VecDeque<Weak<Node>>>,
     root: Arc<Node>,
+    /// See [`InodeTable::stale_locks`].
+    stale_locks: Vec<Mutex<()>>,
 }
 
 fn same(st: &sys::Stat, node: &Node) -> bool {
@@ -114,6 +138,7 @@ impl InodeTable {
             names: Mutex::new(Vec::new()),
             open_count: open_count.clone(),
             last_open: Mutex::new(None),
+            departed: Mutex::new(Vec::new()),
         });
         let mut nodes = HashMap::new();
         nodes.insert(ROOT, root.clone());
@@ -126,6 +151,7 @@ impl InodeTable {
             fd_cap: fd_cap.max(64),
             lru: Mutex::new(VecDeque::new()),
             root,
+            stale_locks: (0..STALE_STRIPES).map(|_| Mutex::new(())).collect(),
         })
     }
 
@@ -333,6 +359,7 @@ impl InodeTable {
             names: Mutex::new(vec![(parent, name.to_os_string())]),
             open_count: self.open_count.clone(),
             last_open: Mutex::new(None),
+            departed: Mutex::new(Vec::new()),
         });
         inner.nodes.insert(nodeid, node.clone());
         inner.by_backing.insert((st.st_dev, st.st_ino), nodeid);
@@ -371,10 +398,28 @@ impl InodeTable {
     }
 
     /// A name went away (unlink, rmdir, or replaced by a rename).
-    pub fn remove_alias(&self, node: &Node, parent: u64, name: &OsStr) {
+    /// `by`: the key of the identity whose request removed the name.
+    pub fn remove_alias(&self, node: &Node, parent: u64, name: &OsStr, by: &str) {
         node.names
             .lock()
             .retain(|(p, n)| !(*p == parent && n == name));
+        Self::depart(node, parent, name, by);
+    }
+
+    fn depart(node: &Node, parent: u64, name: &OsStr, by: &str) {
+        let mut d = node.departed.lock();
+        d.retain(|(p, n, _, _, _)| !(*p == parent && n == name));
+        d.insert(
+            0,
+            (
+                parent,
+                name.to_os_string(),
+                crate::guard::tick(),
+                std::time::Instant::now(),
+                by.to_owned(),
+            ),
+        );
+        d.truncate(MAX_DEPARTED);
     }
 
     /// A name moved (rename): the node is now known under the new name first.
@@ -385,10 +430,31 @@ impl InodeTable {
         name: &OsStr,
         newparent: u64,
         newname: &OsStr,
+        by: &str,
     ) {
         let mut names = node.names.lock();
-        names.retain(|(p, n)| !(*p == parent && n == name) && !(*p == newparent && n == newname));
+        names.retain(|(p, n)| !((*p == parent && n == name) || (*p == newparent && n == newname)));
         names.insert(0, (newparent, newname.to_os_string()));
+        drop(names);
+        if (parent, name) != (newparent, newname) {
+            Self::depart(node, parent, name, by);
+        }
+    }
+
+    /// Serialize the stale check of a file with the mutation it allows: hold the locks of
+    /// the given backing inodes `(dev, ino)` (striped; taken in a fixed order, so holding
+    /// several never deadlocks).
+    pub fn stale_locks(&self, keys: &[(u64, u64)]) -> Vec<parking_lot::MutexGuard<'_, ()>> {
+        let mut idx: Vec<usize> = keys
+            .iter()
+            .map(|(d, i)| {
+                let h = d.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+                (h >> 32) as usize % STALE_STRIPES
+            })
+            .collect();
+        idx.sort_unstable();
+        idx.dedup();
+        idx.into_iter().map(|i| self.stale_locks[i].lock()).collect()
     }
 
     /// Workspace-relative path of a node by its primary names, as the daemon knows it.

@@ -97,6 +97,10 @@ pub struct FileHandle {
     /// a WRITE is recorded under if the file lost every name while open (renamed over or
     /// deleted before close).
     pub last_rel: Mutex<PathBuf>,
+    /// The file's names at open: what the identity sees through this handle is recorded
+    /// under them too, even if another identity renames the file over or away before the
+    /// first read (the agent reached the file through one of them).
+    pub open_rels: Vec<PathBuf>,
 }
 
 /// An open control file: its rendered content, and what was written to it.

@@ -130,6 +130,12 @@ impl Fs {
         } else {
             "utimes"
         };
+        // A truncation holds the file's stale lock from its check through the change.
+        let _stale = if a.size.is_some() {
+            self.table.stale_locks(&[(node.dev, node.ino)])
+        } else {
+            Vec::new()
+        };
         let (ident, rel) = self.authorize_node(caller, op, &node)?;
         let fd = self.fd(&node)?;
         if a.size.is_some() {
@@ -141,7 +147,10 @@ impl Fs {
                 .filter(|h| h.writable && h.identity.key() == ident.key());
             match own {
                 Some(h) => self.before_modify(&h)?,
-                None => self.check_stale(&ident, caller, "truncate", &rel, fd.as_fd())?,
+                None => {
+                    let rels = self.node_rels(&node)?;
+                    self.check_stale_node(&ident, caller, "truncate", &node, &rels, fd.as_fd())?
+                }
             }
         }
         let before = sys::stat_fd(fd.as_fd())?;
@@ -168,6 +177,9 @@ impl Fs {
             {
                 Some(h) => {
                     h.file.set_len(size)?;
+                    if caller.uid != 0 && a.mode.is_none() {
+                        self.kill_suidgid(h.file.as_fd(), caller);
+                    }
                     h.dirty.store(true, Ordering::Release);
                     h.wrote.store(true, Ordering::Release);
                     self.after_write(&h);
@@ -175,6 +187,9 @@ impl Fs {
                 None => {
                     let f = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_WRONLY)?;
                     f.set_len(size)?;
+                    if caller.uid != 0 && a.mode.is_none() {
+                        self.kill_suidgid(f.as_fd(), caller);
+                    }
                 }
             }
         }
@@ -463,7 +478,10 @@ impl Fs {
         }
         self.delete_approval(&ident, caller, op, &rel)?;
         let pfd = self.fd(&p)?;
-        let st = sys::stat_at(pfd.as_fd(), name)?;
+        // The stale check and the unlink are one step for any other stale-checked change of
+        // the file (an open for write, a rename, a write).
+        let (_stale, st) = self.lock_names(&[(pfd.as_fd(), name)]);
+        let st = st[0].ok_or(FsError::Os(libc::ENOENT))?;
         let prev = if st.st_mode & libc::S_IFMT == libc::S_IFREG {
             Some(st.st_size as u64)
         } else {
@@ -475,7 +493,7 @@ impl Fs {
         sys::unlink_at(pfd.as_fd(), name, is_dir)?;
         ident.forget_path(&rel);
         if let Some(n) = self.table.by_backing(st.st_dev, st.st_ino) {
-            self.table.remove_alias(&n, parent, name);
+            self.table.remove_alias(&n, parent, name, &ident.key());
         }
         let mt = if is_dir {
             MutationType::Rmdir
@@ -493,6 +511,43 @@ impl Fs {
             },
         )?;
         Ok(())
+    }
+
+    /// Take the stale locks of the files these names point to (see
+    /// [`InodeTable::stale_locks`](super::inode::InodeTable::stale_locks)), and their stat
+    /// under the locks (`None`: no such name). A name re-pointed between the look and the
+    /// locking is looked at again.
+    fn lock_names(
+        &self,
+        names: &[(std::os::fd::BorrowedFd<'_>, &OsStr)],
+    ) -> (Vec<parking_lot::MutexGuard<'_, ()>>, Vec<Option<sys::Stat>>) {
+        let look = || -> Vec<Option<sys::Stat>> {
+            names
+                .iter()
+                .map(|(d, n)| sys::stat_at(*d, n).ok())
+                .collect()
+        };
+        let key = |v: &[Option<sys::Stat>]| -> Vec<(u64, u64)> {
+            v.iter().flatten().map(|s| (s.st_dev, s.st_ino)).collect()
+        };
+        let mut stats = look();
+        for _ in 0..64 {
+            let guards = self.table.stale_locks(&key(&stats));
+            let now = look();
+            let same = now.len() == stats.len()
+                && now.iter().zip(&stats).all(|(a, b)| {
+                    a.map(|s| (s.st_dev, s.st_ino)) == b.map(|s| (s.st_dev, s.st_ino))
+                });
+            if same {
+                return (guards, now);
+            }
+            drop(guards);
+            stats = now;
+        }
+        // Names re-pointed without end: lock what they point to now and go on (the
+        // stale checks still run, only not atomically with a concurrent change).
+        let guards = self.table.stale_locks(&key(&stats));
+        (guards, stats)
     }
 
     fn protected_below(
@@ -566,6 +621,25 @@ impl Fs {
         newname: &OsStr,
         flags: u32,
     ) -> Result<()> {
+        for _ in 0..16 {
+            if let Some(()) = self.rename_once(caller, parent, name, newparent, newname, flags)? {
+                return Ok(());
+            }
+        }
+        err(libc::EBUSY)
+    }
+
+    /// One attempt at a rename; `None` when a name was re-pointed by a concurrent change
+    /// after it was authorized (try again from the start).
+    fn rename_once(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+    ) -> Result<Option<()>> {
         if is_ctl_name(parent, name)
             || is_ctl_name(newparent, newname)
             || control::is_control(parent)
@@ -621,6 +695,15 @@ impl Fs {
                 }
             }
         }
+        // The stale checks, the rename and the update of the names the daemon knows are one
+        // step for any other stale-checked change of either file (an open for write, an
+        // unlink, a write): an open for write either came first (and the check below sees
+        // what it did) or sees the names after the rename.
+        let (_stale, now) = self.lock_names(&[(pfd.as_fd(), name), (npfd.as_fd(), newname)]);
+        let ino = |s: &Option<sys::Stat>| s.map(|s| (s.st_dev, s.st_ino));
+        if ino(&now[0]) != ino(&Some(src)) || ino(&now[1]) != ino(&dst) {
+            return Ok(None);
+        }
         // Stale checks: renaming a file away, and renaming over one (what `sed -i` and
         // editors do), both destroy a version the identity may not have seen.
         if !src_dir {
@@ -636,14 +719,16 @@ impl Fs {
             ident.move_path(&from, &to);
         }
         if let Some(n) = self.table.by_backing(src.st_dev, src.st_ino) {
-            self.table.move_alias(&n, parent, name, newparent, newname);
+            self.table
+                .move_alias(&n, parent, name, newparent, newname, &ident.key());
         }
         if let Some(d) = &dst {
             if let Some(n) = self.table.by_backing(d.st_dev, d.st_ino) {
                 if exchange {
-                    self.table.move_alias(&n, newparent, newname, parent, name);
+                    self.table
+                        .move_alias(&n, newparent, newname, parent, name, &ident.key());
                 } else {
-                    self.table.remove_alias(&n, newparent, newname);
+                    self.table.remove_alias(&n, newparent, newname, &ident.key());
                 }
             }
         }
@@ -662,7 +747,7 @@ impl Fs {
             ..Default::default()
         };
         self.record(&ident, caller, MutationType::Rename, &to, draft)?;
-        Ok(())
+        Ok(Some(()))
     }
 
     // ----- files -------------------------------------------------------------------
@@ -684,10 +769,17 @@ impl Fs {
         let writable = acc != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
         let mut write_rel = None;
         let epoch = self.guard.generation();
+        // An open for write holds the file's stale lock from its stale check through the
+        // truncation (O_TRUNC) and the handle's setup: a concurrent stale-checked rename,
+        // unlink, truncate or write of the same file either happened before the check (and
+        // is judged by it) or sees this open's effect.
+        let mut _stale = Vec::new();
         let ident = if writable {
+            _stale = self.table.stale_locks(&[(node.dev, node.ino)]);
             let (ident, rel) = self.authorize_node(caller, "open-write", &node)?;
+            let rels = self.node_rels(&node)?;
             let fd = self.fd(&node)?;
-            self.check_stale(&ident, caller, "open-write", &rel, fd.as_fd())?;
+            self.check_stale_node(&ident, caller, "open-write", &node, &rels, fd.as_fd())?;
             write_rel = Some(rel);
             ident
         } else {
@@ -720,7 +812,34 @@ impl Fs {
             (None, None)
         };
         let file = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), flags)?;
+        if flags & libc::O_TRUNC != 0 && caller.uid != 0 {
+            self.kill_suidgid(file.as_fd(), caller);
+        }
         let open_intent = h_intent(&write_rel, &ident);
+        // The names the agent may have reached the file by: its names now, and names it
+        // lost a moment ago (the kernel resolved the name before this request came; a
+        // name lost longer ago may name another file the agent knows by now).
+        let mut open_rels = match &write_rel {
+            Some(_) => self.node_rels(&node).unwrap_or_default(),
+            None => self.alias_rels(&node),
+        };
+        // Only for a file left without a name: while it has one, the kernel resolved the
+        // agent's path to it under that name (a name it lost to the agent's own rename or
+        // exchange now belongs to another file the agent may read in turn).
+        let nameless = open_rels.iter().all(|r| r.as_os_str().is_empty());
+        if nameless {
+            open_rels.retain(|r| !r.as_os_str().is_empty());
+        }
+        for (parent, name, _, when) in node.departed(&ident.key()) {
+            if !nameless || when.elapsed() > std::time::Duration::from_secs(1) {
+                continue;
+            }
+            if let Some(rel) = self.node(parent).ok().and_then(|p| self.child_rel(&p, &name).ok()) {
+                if !open_rels.contains(&rel) {
+                    open_rels.push(rel);
+                }
+            }
+        }
         let h = FileHandle {
             file,
             node,
@@ -737,6 +856,7 @@ impl Fs {
             prev_hash: Mutex::new(pre_hash),
             epoch: Mutex::new((open_intent, epoch)),
             last_rel: Mutex::new(write_rel.clone().unwrap_or_default()),
+            open_rels,
         };
         let mut keep_cache = false;
         let mut passthrough = false;
@@ -757,9 +877,15 @@ impl Fs {
             // An empty file is read in full by opening it (no read request ever comes).
             if keep_cache || passthrough || st.st_size == 0 {
                 self.record_read(&h, caller.pid);
+                if !keep_cache && !passthrough {
+                    // Empty now, but another identity may write it before this handle's
+                    // first read: a read request that comes records what it returns.
+                    h.read_recorded.store(false, Ordering::Release);
+                }
             }
         }
         let fh = self.add_handle(Handle::File(Arc::new(h)));
+        drop(_stale);
         Ok((
             fh,
             OpenOpts {
@@ -888,6 +1014,7 @@ impl Fs {
             prev_hash: Mutex::new(None),
             epoch: Mutex::new((ident_intent, self.guard.generation())),
             last_rel: Mutex::new(rel.clone()),
+            open_rels: vec![rel.clone()],
         };
         self.prepare_write_handle(&h, &rel);
         let fh = self.add_handle(Handle::File(Arc::new(h)));
@@ -909,6 +1036,11 @@ impl Fs {
             return Ok(c.content[start..end].to_vec());
         }
         let h = self.file_handle(fh)?;
+        // The first read from offset 0 that reaches end of file returned the whole file:
+        // what the identity saw is exactly those bytes.
+        let before = (offset == 0 && !h.read_recorded.load(Ordering::Acquire))
+            .then(|| sys::stat_fd(h.file.as_fd()).ok())
+            .flatten();
         let mut buf = vec![0u8; size as usize];
         let mut done = 0;
         while done < buf.len() {
@@ -919,18 +1051,67 @@ impl Fs {
                 Err(e) => return Err(e.into()),
             }
         }
+        let whole = done < buf.len();
         buf.truncate(done);
-        self.record_read(&h, caller.pid);
+        match before {
+            Some(st) if whole => {
+                self.record_read_bytes(&h, caller.pid, super::hash::stamp_of(&st), &buf)
+            }
+            _ => self.record_read(&h, caller.pid),
+        }
         Ok(buf)
     }
 
-    pub fn write(&self, caller: &Caller, fh: u64, offset: u64, data: &[u8]) -> Result<usize> {
+    /// A content change by a caller without `CAP_FSETID` drops set-user-ID, and set-group-ID
+    /// when the file is group-executable, as the kernel does natively. With
+    /// `FUSE_HANDLE_KILLPRIV_V2` (which spares a `getxattr("security.capability")` round
+    /// trip per write) the kernel leaves this to the filesystem. The daemon's own writes
+    /// run as root, so the backing filesystem would not do it; it does drop
+    /// `security.capability` itself. Callers other than `write` are judged by uid (the
+    /// kernel's flag for truncate and `O_TRUNC` is not passed through).
+    pub(crate) fn kill_suidgid(&self, fd: std::os::fd::BorrowedFd<'_>, caller: &Caller) {
+        let Ok(st) = sys::stat_fd(fd) else { return };
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return;
+        }
+        let mode = st.st_mode & 0o7777;
+        let mut new = mode & !libc::S_ISUID;
+        // As the kernel's setattr_should_drop_sgid: set-group-ID goes when the file is
+        // group-executable, or when the caller is not in the file's group.
+        if mode & libc::S_ISGID != 0
+            && (mode & libc::S_IXGRP != 0 || !in_group(caller, st.st_gid))
+        {
+            new &= !libc::S_ISGID;
+        }
+        if new != mode {
+            if let Err(e) = sys::chmod_fd(self.proc_fd.as_fd(), fd, new) {
+                tracing::warn!("dropping set-user-ID/set-group-ID after a write: {e}");
+            }
+        }
+    }
+
+    /// `kill_suidgid`: the kernel asks the filesystem to drop set-user-ID and set-group-ID
+    /// (the writer lacks `CAP_FSETID`; `FUSE_WRITE_KILL_SUIDGID`).
+    pub fn write(
+        &self,
+        caller: &Caller,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> Result<usize> {
         if let Some(c) = self.ctl_handle(fh) {
             return self.write_ctl(caller, &c, offset, data);
         }
         let h = self.file_handle(fh)?;
+        // No stale-checked rename or unlink of this file runs between the checks and the
+        // write (see `InodeTable::stale_locks`).
+        let _stale = self.table.stale_locks(&[(h.node.dev, h.node.ino)]);
         self.before_modify(&h)?;
         let r = h.file.write_all_at(data, offset);
+        if kill_suidgid && r.is_ok() {
+            self.kill_suidgid(h.file.as_fd(), caller);
+        }
         h.dirty.store(true, Ordering::Release);
         h.wrote.store(true, Ordering::Release);
         // Even a failed write (ENOSPC) may have moved mtime: it was this handle's own doing.
@@ -992,7 +1173,7 @@ impl Fs {
         // duplicate of the truncating fd before writing, which must not make an entry of
         // the empty file. A truncate-only or create-only handle records at release.
         if h.wrote.load(Ordering::Acquire) {
-            self.record_write(&h)?;
+            self.record_write_noting(&h)?;
         }
         Ok(())
     }
@@ -1005,9 +1186,28 @@ impl Fs {
         Ok(sys::fsync(&h.file, datasync)?)
     }
 
+    /// The WRITE entry of a handle, and the identity's view under the names it opened the
+    /// file by (see [`Fs::note_open_names`]).
+    fn record_write_noting(&self, h: &FileHandle) -> Result<()> {
+        let dirty = h.dirty.load(Ordering::Acquire);
+        // The entry's path, content hash and place in the ledger are taken under the file's
+        // stale lock: a rename of the file either comes before (the entry has the new name)
+        // or after (the rename's entry follows), never between the name and the append.
+        let _stale = if dirty {
+            self.table.stale_locks(&[(h.node.dev, h.node.ino)])
+        } else {
+            Vec::new()
+        };
+        let r = self.record_write(h);
+        if dirty && r.is_ok() {
+            self.note_open_names(h);
+        }
+        r
+    }
+
     pub fn release(&self, fh: u64) -> Result<()> {
         if let Some(Handle::File(h)) = self.take_handle(fh) {
-            self.record_write(&h)?;
+            self.record_write_noting(&h)?;
         }
         Ok(())
     }
@@ -1017,8 +1217,12 @@ impl Fs {
         if !h.writable {
             return err(libc::EBADF);
         }
+        let _stale = self.table.stale_locks(&[(h.node.dev, h.node.ino)]);
         self.before_modify(&h)?;
         sys::fallocate(&h.file, mode, offset, len)?;
+        if h.caller.uid != 0 {
+            self.kill_suidgid(h.file.as_fd(), &h.caller);
+        }
         h.dirty.store(true, Ordering::Release);
         h.wrote.store(true, Ordering::Release);
         self.after_write(&h);
@@ -1039,8 +1243,12 @@ impl Fs {
         if !ho.writable {
             return err(libc::EBADF);
         }
+        let _stale = self.table.stale_locks(&[(ho.node.dev, ho.node.ino)]);
         self.before_modify(&ho)?;
         let n = sys::copy_file_range(&hi.file, off_in, &ho.file, off_out, len, flags)?;
+        if ho.caller.uid != 0 {
+            self.kill_suidgid(ho.file.as_fd(), &ho.caller);
+        }
         ho.dirty.store(true, Ordering::Release);
         ho.wrote.store(true, Ordering::Release);
         self.after_write(&ho);
@@ -1363,4 +1571,20 @@ impl Fs {
 /// The intent a write handle was authorized under (none for read-only handles).
 fn h_intent(write_rel: &Option<PathBuf>, ident: &crate::guard::Identity) -> Option<String> {
     write_rel.as_ref().and_then(|_| ident.intent())
+}
+
+/// Whether the caller is in group `gid`: its own gid, or one of its supplementary groups
+/// (`Groups:` in `/proc/<pid>/status`; read only for this rare case).
+fn in_group(caller: &Caller, gid: u32) -> bool {
+    if caller.gid == gid {
+        return true;
+    }
+    std::fs::read_to_string(format!("/proc/{}/status", caller.pid))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Groups:"))
+                .map(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+        })
+        .unwrap_or(false)
 }

@@ -9,11 +9,12 @@
 //! another agent or a human wrote while this handle was open is never silently overwritten.
 
 use std::os::fd::{AsFd, BorrowedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::hash::{self, stamp_of};
+use super::inode::Node;
 use super::{sys, Caller, FileHandle, Fs, FsError, Result};
 use crate::guard::stale::{judge, Seen, Stamp, Verdict};
 use crate::guard::{Code, Denial, Identity};
@@ -81,7 +82,8 @@ impl Fs {
     }
 
     /// Refuse a mutation of the existing regular file behind `fd` (an `O_PATH` handle) if it
-    /// changed since `ident` last saw it.
+    /// changed since `ident` last saw it under the name `rel` (unlink, rename: the agent
+    /// named the file).
     pub(crate) fn check_stale(
         &self,
         ident: &Arc<Identity>,
@@ -93,47 +95,122 @@ impl Fs {
         if untracked(rel) {
             return Ok(());
         }
+        let views = vec![(rel.to_path_buf(), ident.seen_for(rel, caller.pid))];
+        self.judge_views(ident, caller, op, rel, fd, views)
+    }
+
+    /// The stale check of an open file node (open for write, truncate): the kernel resolved
+    /// the name the agent used before the request reached the daemon, so every view that
+    /// may be the one the agent acted on counts, and any of them differing from the content
+    /// now refuses:
+    ///
+    /// - the identity's view under every current name of the file (`rels`: hard links, and
+    ///   the name a rename just gave it);
+    /// - its view under each name the file recently lost to a rename, if recorded before that
+    ///   rename. An open that the kernel resolved through `f` just before another identity
+    ///   renamed `f` away reaches the daemon naming the file by its new name only; natively
+    ///   the open would then write the renamed file, whose content the agent never saw as
+    ///   `f`: that is a lost update, refused like any other. (A view of the old name recorded
+    ///   after the rename is about whatever is there now, not this file.)
+    ///
+    /// The caller holds the file's stale lock ([`InodeTable::stale_locks`]), so no rename,
+    /// truncation or write of the file runs between this check and the mutation it allows.
+    pub(crate) fn check_stale_node(
+        &self,
+        ident: &Arc<Identity>,
+        caller: &Caller,
+        op: &str,
+        node: &Node,
+        rels: &[PathBuf],
+        fd: BorrowedFd<'_>,
+    ) -> Result<()> {
+        let mut views: Vec<(PathBuf, Option<(u32, Seen)>)> = rels
+            .iter()
+            .filter(|r| !untracked(r))
+            .map(|r| (r.clone(), ident.seen_for(r, caller.pid)))
+            .collect();
+        let Some(first) = views.first().map(|(r, _)| r.clone()) else {
+            return Ok(());
+        };
+        for (parent, name, at, _) in node.departed(&ident.key()) {
+            let Some(p) = self.table.get(parent) else {
+                continue;
+            };
+            let Ok(rel) = self.child_rel(&p, &name) else {
+                continue;
+            };
+            if untracked(&rel) || views.iter().any(|(r, _)| *r == rel) {
+                continue;
+            }
+            if let Some(v) = ident.seen_for_before(&rel, caller.pid, at) {
+                views.push((rel, Some(v)));
+            }
+        }
+        self.judge_views(ident, caller, op, &first, fd, views)
+    }
+
+    /// Judge the file behind `fd` against each view; `rel` names it in an `Unread` refusal.
+    fn judge_views(
+        &self,
+        ident: &Arc<Identity>,
+        caller: &Caller,
+        op: &str,
+        rel: &Path,
+        fd: BorrowedFd<'_>,
+        views: Vec<(PathBuf, Option<(u32, Seen)>)>,
+    ) -> Result<()> {
         let st = sys::stat_fd(fd)?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Ok(());
         }
-        let seen = ident.seen_for(rel, caller.pid);
         let now = stamp_of(&st);
-        tracing::debug!(
-            agent = %ident.name, op, rel = %rel.display(), ino = st.st_ino,
-            seen = ?seen.map(|(p, s)| (p, s.stamp.ino, s.stamp.size, hex::encode(&s.hash[..6]))),
-            "stale check"
-        );
-        let v = judge(
-            seen.as_ref().map(|(_, s)| s),
-            now,
-            ident.require_read,
-            || {
+        // The content now, hashed at most once and only when a view's stamp differs.
+        let mut hashed: Option<Option<[u8; 32]>> = None;
+        let mut hash_now = || {
+            *hashed.get_or_insert_with(|| {
                 let f = sys::reopen(self.proc_fd.as_fd(), fd, libc::O_RDONLY).ok()?;
                 self.hashes.hash(&f).ok().map(|(h, _)| h)
-            },
-        );
-        tracing::debug!(agent = %ident.name, op, rel = %rel.display(), verdict = ?std::mem::discriminant(&v), fresh = matches!(v, Verdict::Fresh(_)), "stale verdict");
-        match v {
-            Verdict::Fresh(Some(s)) => {
-                ident.saw(rel, seen.map(|(p, _)| p).unwrap_or(caller.pid), s);
+            })
+        };
+        if views.iter().all(|(_, v)| v.is_none()) {
+            return if ident.require_read {
+                Err(self.stale_denial(ident, caller, op, rel, true, ""))
+            } else {
                 Ok(())
-            }
-            Verdict::Fresh(None) => Ok(()),
-            Verdict::Unread => Err(self.stale_denial(ident, caller, op, rel, true, "")),
-            Verdict::Stale { seen, now } => Err(self.stale_denial(
-                ident,
-                caller,
-                op,
-                rel,
-                false,
-                &format!(
-                    "seen {}, now {}",
-                    &hash::to_string(&seen)[..19],
-                    &hash::to_string(&now)[..19]
-                ),
-            )),
+            };
         }
+        let mut refresh = Vec::new();
+        for (vrel, seen) in &views {
+            let Some((pid, seen)) = seen else { continue };
+            let v = judge(Some(seen), now, false, &mut hash_now);
+            tracing::debug!(
+                agent = %ident.name, op, rel = %vrel.display(), ino = now.ino,
+                seen_ino = seen.stamp.ino, seen = %hex::encode(&seen.hash[..6]),
+                fresh = matches!(v, Verdict::Fresh(_)), "stale check"
+            );
+            match v {
+                Verdict::Fresh(Some(s)) => refresh.push((vrel, *pid, s)),
+                Verdict::Fresh(None) | Verdict::Unread => {}
+                Verdict::Stale { seen, now } => {
+                    return Err(self.stale_denial(
+                        ident,
+                        caller,
+                        op,
+                        vrel,
+                        false,
+                        &format!(
+                            "seen {}, now {}",
+                            &hash::to_string(&seen)[..19],
+                            &hash::to_string(&now)[..19]
+                        ),
+                    ))
+                }
+            }
+        }
+        for (vrel, pid, s) in refresh {
+            ident.saw(vrel, pid, s);
+        }
+        Ok(())
     }
 
     /// The stale check for `parent_fd/name` if it exists (unlink, rename).
@@ -152,17 +229,15 @@ impl Fs {
         }
     }
 
-    /// The first read through a handle records what the identity saw.
+    /// The first read through a handle records what the identity saw: the hash of the file
+    /// now (a read from the page cache, or of a large file in several requests).
     pub(crate) fn record_read(&self, h: &FileHandle, pid: u32) {
         if h.read_recorded.swap(true, Ordering::AcqRel) {
             return;
         }
-        let rels: Vec<_> = self
-            .alias_rels(&h.node)
-            .into_iter()
-            .filter(|r| !untracked(r))
-            .collect();
+        let rels = self.read_rels(h);
         if rels.is_empty() {
+            tracing::debug!(agent = %h.identity.name, ino = h.node.ino, open_rels = ?h.open_rels, "read not recorded: no name");
             return;
         }
         if let Ok((hash, stamp)) = self.hashes.hash(&h.file) {
@@ -174,6 +249,84 @@ impl Fs {
                 h.identity.saw(rel, pid, Seen { stamp, hash });
             }
         }
+    }
+
+    /// The first read through a handle returned the whole file (`bytes`, read from offset 0
+    /// up to end of file, the file's stamp being `before` just before reading): record
+    /// exactly what the identity got, not what the file holds a moment later (another
+    /// identity may have written it in between, and hashing the file then would credit
+    /// the reader with a version it never saw). When the stamp moved during the read, the
+    /// view gets a stamp that matches no file, so the next check compares content.
+    pub(crate) fn record_read_bytes(&self, h: &FileHandle, pid: u32, before: Stamp, bytes: &[u8]) {
+        if h.read_recorded.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let rels = self.read_rels(h);
+        if rels.is_empty() {
+            tracing::debug!(agent = %h.identity.name, ino = h.node.ino, open_rels = ?h.open_rels, "read not recorded: no name");
+            return;
+        }
+        let hash: [u8; 32] = {
+            use sha2::{Digest, Sha256};
+            Sha256::digest(bytes).into()
+        };
+        let after = sys::stat_fd(h.file.as_fd()).ok().map(|s| stamp_of(&s));
+        let stamp = if after == Some(before) && before.size == bytes.len() as u64 {
+            before
+        } else {
+            Stamp {
+                ctime: (i64::MIN, 0),
+                ..before
+            }
+        };
+        tracing::debug!(
+            agent = %h.identity.name, rels = ?rels, ino = stamp.ino, size = bytes.len(),
+            hash = %hex::encode(&hash[..6]), "read recorded (bytes)"
+        );
+        for rel in &rels {
+            h.identity.saw(rel, pid, Seen { stamp, hash });
+        }
+    }
+
+    /// After a WRITE entry of `h`: the identity wrote the file it reached through the names
+    /// it opened it by, so its view under those names is its own content too, even when
+    /// another identity renamed the file away meanwhile (the entry and the view then carry
+    /// the new name). Without this, a later open of the old name, now holding a file some
+    /// other identity put there, would find no view and overwrite a version the identity
+    /// never saw.
+    pub(crate) fn note_open_names(&self, h: &FileHandle) {
+        let aliases = self.alias_rels(&h.node);
+        tracing::debug!(agent = %h.identity.name, open_rels = ?h.open_rels, aliases = ?aliases, "note open names");
+        if h.open_rels.iter().all(|r| aliases.contains(r)) {
+            return;
+        }
+        let Ok(current) = self.node_rels(&h.node) else {
+            tracing::debug!(agent = %h.identity.name, "note open names: no current name");
+            return;
+        };
+        let Some((_, seen)) = current
+            .iter()
+            .find_map(|r| h.identity.seen_for(r, h.caller.pid))
+        else {
+            tracing::debug!(agent = %h.identity.name, current = ?current, "note open names: no view under the current names");
+            return;
+        };
+        for r in &h.open_rels {
+            if !current.contains(r) && !r.as_os_str().is_empty() && !untracked(r) {
+                h.identity.saw_own(r, h.caller.pid, seen);
+            }
+        }
+    }
+
+    /// The names a read through `h` is recorded under: the file's names now and at open.
+    fn read_rels(&self, h: &FileHandle) -> Vec<PathBuf> {
+        let mut rels: Vec<PathBuf> = Vec::new();
+        for r in self.alias_rels(&h.node).into_iter().chain(h.open_rels.iter().cloned()) {
+            if !r.as_os_str().is_empty() && !untracked(&r) && !rels.contains(&r) {
+                rels.push(r);
+            }
+        }
+        rels
     }
 
     /// Before a write through `h`: refuse if someone else changed the file since this

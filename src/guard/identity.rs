@@ -17,6 +17,16 @@ use parking_lot::{Mutex, RwLock};
 use super::stale::Seen;
 use super::{Code, Denial};
 
+/// A process-wide logical clock ordering views and renames: a view of a path recorded
+/// before a file left that path (see `Node::departed`) may be the view the agent's open of
+/// that file was based on.
+static CLOCK: AtomicU64 = AtomicU64::new(1);
+
+/// The next tick of the view clock.
+pub fn tick() -> u64 {
+    CLOCK.fetch_add(1, Ordering::AcqRel)
+}
+
 /// One acting identity and its governance state.
 pub struct Identity {
     /// Display name (`--agent`).
@@ -154,8 +164,13 @@ impl Identity {
     /// one (a tool like `sed -i` re-reads the file itself right before replacing it; the
     /// agent's view is what it read before running the tool), else the newest record.
     pub fn seen_for(&self, rel: &Path, pid: u32) -> Option<(u32, Seen)> {
+        self.seen_for_before(rel, pid, u64::MAX)
+    }
+
+    /// Like [`seen_for`](Self::seen_for), but only a view recorded before `before` (a tick).
+    pub fn seen_for_before(&self, rel: &Path, pid: u32, before: u64) -> Option<(u32, Seen)> {
         let m = self.seen.lock();
-        let by = m.get(rel)?;
+        let by = m.get(rel).filter(|by| by.at < before)?;
         by.recs
             .iter()
             .flatten()
@@ -173,6 +188,7 @@ impl Identity {
     pub fn saw(&self, rel: &Path, pid: u32, s: Seen) {
         let mut m = self.seen.lock();
         let by = m.entry(rel.to_path_buf()).or_default();
+        by.at = tick();
         let keep_older = by.recs[0]
             .filter(|(p, _)| *p != pid)
             .or(by.recs[1].filter(|(p, _)| *p != pid));
@@ -199,6 +215,7 @@ impl Identity {
             rel.to_path_buf(),
             SeenBy {
                 recs: [Some((pid, s)), None],
+                at: tick(),
             },
         );
     }
@@ -243,6 +260,8 @@ impl Identity {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SeenBy {
     pub recs: [Option<(u32, Seen)>; 2],
+    /// When the newest record was made (see [`tick`]).
+    pub at: u64,
 }
 
 /// All identities of one mount.

@@ -15,7 +15,7 @@ use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 
 use crate::policy::{IntentIgnore, Policy};
-pub use identity::{Identities, Identity};
+pub use identity::{tick, Identities, Identity};
 
 /// Why an operation was refused. Every code answers `EACCES` to the syscall.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -191,12 +191,17 @@ impl Builder {
         } else {
             None
         };
-        let dir = dir.unwrap_or_else(|| {
+        let mut dir = dir.unwrap_or_else(|| {
             tempfile::Builder::new()
                 .prefix("intentfs-test-")
                 .tempdir()
                 .expect("tempdir")
         });
+        // INTENTFS_TEST_KEEP=1: keep the workspace, ledger and daemon log for a post-mortem.
+        if std::env::var_os("INTENTFS_TEST_KEEP").is_some() {
+            dir.disable_cleanup(true);
+            eprintln!("INTENTFS_TEST_KEEP: keeping {}", dir.path().display());
+        }
         let root = dir.path().canonicalize().unwrap();
         let ws = root.join("ws");
         let mnt = root.join("mnt");
