@@ -63,6 +63,8 @@ pub struct Node {
     /// a name just before reaches the daemon without it (see `Fs::check_stale_node`). `by`
     /// is the identity whose request moved the name (its own views moved with it).
     departed: Mutex<Vec<Departed>>,
+    /// The file handles open on this inode (see `Fs::note_open`).
+    pub handles: Mutex<Vec<std::sync::Weak<super::FileHandle>>>,
 }
 
 impl Node {
@@ -139,6 +141,7 @@ impl InodeTable {
             open_count: open_count.clone(),
             last_open: Mutex::new(None),
             departed: Mutex::new(Vec::new()),
+            handles: Mutex::new(Vec::new()),
         });
         let mut nodes = HashMap::new();
         nodes.insert(ROOT, root.clone());
@@ -360,6 +363,7 @@ impl InodeTable {
             open_count: self.open_count.clone(),
             last_open: Mutex::new(None),
             departed: Mutex::new(Vec::new()),
+            handles: Mutex::new(Vec::new()),
         });
         inner.nodes.insert(nodeid, node.clone());
         inner.by_backing.insert((st.st_dev, st.st_ino), nodeid);

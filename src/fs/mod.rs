@@ -84,6 +84,10 @@ pub struct FileHandle {
     pub expected: Mutex<Option<crate::guard::stale::Stamp>>,
     /// The first read was recorded as "seen" for the identity.
     pub read_recorded: AtomicBool,
+    /// What the file held was recorded for the identity without a read request (at
+    /// open, see `Fs::record_read_provisional`); a read request that comes still records
+    /// exactly what it returned.
+    pub provisional: AtomicBool,
     /// The pre-image was taken (at an `O_TRUNC` open, or before the first write).
     pub pre_captured: AtomicBool,
     /// Content before this handle's writes (text files up to 1 MiB), for line ranges.
@@ -97,6 +101,9 @@ pub struct FileHandle {
     /// a WRITE is recorded under if the file lost every name while open (renamed over or
     /// deleted before close).
     pub last_rel: Mutex<PathBuf>,
+    /// The handle changed the content itself (write, truncate through it, fallocate,
+    /// copy_file_range) since it was opened.
+    pub own_writes: AtomicBool,
     /// The file's names at open: what the identity sees through this handle is recorded
     /// under them too, even if another identity renames the file over or away before the
     /// first read (the agent reached the file through one of them).

@@ -823,15 +823,14 @@ impl Fs {
             Some(_) => self.node_rels(&node).unwrap_or_default(),
             None => self.alias_rels(&node),
         };
-        // Only for a file left without a name: while it has one, the kernel resolved the
-        // agent's path to it under that name (a name it lost to the agent's own rename or
-        // exchange now belongs to another file the agent may read in turn).
-        let nameless = open_rels.iter().all(|r| r.as_os_str().is_empty());
-        if nameless {
-            open_rels.retain(|r| !r.as_os_str().is_empty());
-        }
+        // Names the file lost a moment ago to another identity's rename or unlink count
+        // too: the kernel may have resolved the agent's path through such a name just
+        // before. (Names it lost to this identity's own renames do not: its views moved
+        // with them.) A view under a name that now holds another file is conservative: a
+        // later overwrite there is refused as stale.
+        open_rels.retain(|r| !r.as_os_str().is_empty());
         for (parent, name, _, when) in node.departed(&ident.key()) {
-            if !nameless || when.elapsed() > std::time::Duration::from_secs(1) {
+            if when.elapsed() > std::time::Duration::from_secs(1) {
                 continue;
             }
             if let Some(rel) = self.node(parent).ok().and_then(|p| self.child_rel(&p, &name).ok()) {
@@ -851,10 +850,12 @@ impl Fs {
             wrote: AtomicBool::new(false),
             expected: Mutex::new(None),
             read_recorded: AtomicBool::new(false),
+            provisional: AtomicBool::new(false),
             pre_captured: AtomicBool::new(pre.is_some()),
             pre_image: Mutex::new(pre),
             prev_hash: Mutex::new(pre_hash),
             epoch: Mutex::new((open_intent, epoch)),
+            own_writes: AtomicBool::new(false),
             last_rel: Mutex::new(write_rel.clone().unwrap_or_default()),
             open_rels,
         };
@@ -875,16 +876,15 @@ impl Fs {
             // With kernel passthrough no read request reaches the daemon either.
             passthrough = self.passthrough.load(Ordering::Relaxed);
             // An empty file is read in full by opening it (no read request ever comes).
+            // Provisional: a read request that does come records exactly what it returns
+            // (an empty file may be written by another identity before the first read).
             if keep_cache || passthrough || st.st_size == 0 {
-                self.record_read(&h, caller.pid);
-                if !keep_cache && !passthrough {
-                    // Empty now, but another identity may write it before this handle's
-                    // first read: a read request that comes records what it returns.
-                    h.read_recorded.store(false, Ordering::Release);
-                }
+                self.record_read_provisional(&h, caller.pid);
             }
         }
-        let fh = self.add_handle(Handle::File(Arc::new(h)));
+        let h = Arc::new(h);
+        self.note_open(&h);
+        let fh = self.add_handle(Handle::File(h));
         drop(_stale);
         Ok((
             fh,
@@ -1009,15 +1009,19 @@ impl Fs {
             wrote: AtomicBool::new(false),
             expected: Mutex::new(None),
             read_recorded: AtomicBool::new(false),
+            provisional: AtomicBool::new(false),
             pre_captured: AtomicBool::new(true),
             pre_image: Mutex::new(Some(Vec::new())),
             prev_hash: Mutex::new(None),
             epoch: Mutex::new((ident_intent, self.guard.generation())),
+            own_writes: AtomicBool::new(false),
             last_rel: Mutex::new(rel.clone()),
             open_rels: vec![rel.clone()],
         };
         self.prepare_write_handle(&h, &rel);
-        let fh = self.add_handle(Handle::File(Arc::new(h)));
+        let h = Arc::new(h);
+        self.note_open(&h);
+        let fh = self.add_handle(Handle::File(h));
         Ok((
             Entry {
                 nodeid: node.nodeid,
@@ -1057,9 +1061,35 @@ impl Fs {
             Some(st) if whole => {
                 self.record_read_bytes(&h, caller.pid, super::hash::stamp_of(&st), &buf)
             }
-            _ => self.record_read(&h, caller.pid),
+            // A partial read: the file's content now, unless something more exact (or
+            // at least earlier) is on record for this handle.
+            _ if !h.provisional.load(Ordering::Acquire) => self.record_read(&h, caller.pid),
+            _ => {}
         }
         Ok(buf)
+    }
+
+    /// Another handle being open on the same inode means the kernel may serve this
+    /// handle's reads from pages the other one's requests filled (the page cache is
+    /// dropped at each open, not at each read): no READ would reach the daemon and what
+    /// the reader saw would go unrecorded, and a later overwrite by it would be judged as
+    /// by an identity that never read the file. So while handles overlap, every read-only
+    /// handle not yet recorded records what the file holds now (a conservative view: if
+    /// the file changes before the reader reads, its later write is refused as stale).
+    fn note_open(&self, h: &Arc<FileHandle>) {
+        let mut list = h.node.handles.lock();
+        list.retain(|w| w.strong_count() > 0);
+        let others: Vec<Arc<FileHandle>> = list.iter().filter_map(|w| w.upgrade()).collect();
+        list.push(Arc::downgrade(h));
+        drop(list);
+        if others.is_empty() {
+            return;
+        }
+        for o in others.iter().chain(std::iter::once(h)) {
+            if !o.writable {
+                self.record_read_provisional(o, o.caller.pid);
+            }
+        }
     }
 
     /// A content change by a caller without `CAP_FSETID` drops set-user-ID, and set-group-ID

@@ -231,6 +231,30 @@ impl Fs {
 
     /// The first read through a handle records what the identity saw: the hash of the file
     /// now (a read from the page cache, or of a large file in several requests).
+    /// Record what the file holds now as seen by `h`'s identity, before (or without) any
+    /// read request: at open when no request may come (page cache kept, passthrough, an
+    /// empty file) or while other handles overlap (see `Fs::note_open`). Once per handle;
+    /// never after an exact record, and it does not stop a later read request from
+    /// recording exactly what it returned.
+    pub(crate) fn record_read_provisional(&self, h: &FileHandle, pid: u32) {
+        if h.read_recorded.load(Ordering::Acquire) || h.provisional.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let rels = self.read_rels(h);
+        if rels.is_empty() {
+            return;
+        }
+        if let Ok((hash, stamp)) = self.hashes.hash(&h.file) {
+            tracing::debug!(
+                agent = %h.identity.name, rels = ?rels, ino = stamp.ino, size = stamp.size,
+                hash = %hex::encode(&hash[..6]), "read recorded (provisional)"
+            );
+            for rel in &rels {
+                h.identity.saw(rel, pid, Seen { stamp, hash });
+            }
+        }
+    }
+
     pub(crate) fn record_read(&self, h: &FileHandle, pid: u32) {
         if h.read_recorded.swap(true, Ordering::AcqRel) {
             return;
@@ -360,7 +384,29 @@ impl Fs {
     }
 
     /// After a write through `h`: remember the stamp it left.
+    /// Whether the file behind `h` changed after the handle's last own change, by someone
+    /// other than its identity.
+    fn superseded(&self, h: &FileHandle) -> bool {
+        let Some(expected) = *h.expected.lock() else {
+            return false;
+        };
+        let Ok(st) = sys::stat_fd(h.file.as_fd()) else {
+            return false;
+        };
+        let cur = race_stamp(&st);
+        if cur == expected {
+            return false;
+        }
+        let key = h.identity.key();
+        !self
+            .last_writer
+            .lock()
+            .get(&(cur.dev, cur.ino))
+            .is_some_and(|(k, s)| *k == key && *s == cur)
+    }
+
     pub(crate) fn after_write(&self, h: &FileHandle) {
+        h.own_writes.store(true, Ordering::Release);
         if let Ok(st) = sys::stat_fd(h.file.as_fd()) {
             *h.expected.lock() = Some(race_stamp(&st));
             self.note_own_change(&h.identity, &st);
@@ -462,6 +508,33 @@ impl Fs {
             }),
             ..Default::default()
         };
+        // Someone else changed the file after this handle's last own change (a handle that
+        // truncated at open and had its writes refused, closing after another identity
+        // wrote): the content there now is not this identity's doing. The entry records
+        // what this handle left when that is known (an empty file after a truncation or a
+        // create) and says it was superseded; the identity's views are left alone (taking
+        // the other content as its own would hide that change from its stale checks).
+        if self.superseded(h) {
+            let own_writes = h.own_writes.load(Ordering::Acquire);
+            let mut detail = serde_json::json!({
+                "superseded": true,
+                "note": "another agent or a tool changed the file after this handle's last change; the content there is theirs",
+            });
+            if detached {
+                detail["detached"] = serde_json::Value::Bool(true);
+            }
+            draft.detail = Some(detail);
+            if !own_writes {
+                let empty = crate::ledger::sha256_bytes(b"");
+                draft.content_hash = Some(empty.clone());
+                draft.size = Some(0);
+                draft.prev_content_hash = h.prev_hash.lock().replace(empty);
+            } else {
+                draft.prev_content_hash = h.prev_hash.lock().take();
+            }
+            *h.pre_image.lock() = None;
+            return self.record(&h.identity, &h.caller, MutationType::Write, &rel, draft);
+        }
         let reopened = self
             .fd(&h.node)
             .ok()
@@ -504,13 +577,15 @@ impl Fs {
                 draft.size = Some(stamp.size);
                 // The identity's own completed write supersedes every older view, under
                 // every name of the file.
-                // A detached file has no name left to have seen it under.
+                // A detached file keeps the view under the name it was written as: the
+                // identity believes that path holds its content, so whatever another
+                // identity put there meanwhile is a change it has not seen (stale).
                 let names = if detached {
                     Vec::new()
                 } else {
                     self.alias_rels(&h.node)
                 };
-                for alias in names.into_iter().chain((!detached).then(|| rel.clone())) {
+                for alias in names.into_iter().chain(std::iter::once(rel.clone())) {
                     if !untracked(&alias) {
                         h.identity
                             .saw_own(&alias, h.caller.pid, Seen { stamp, hash: h32 });

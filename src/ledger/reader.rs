@@ -446,13 +446,15 @@ pub fn last_hashes(entries: &[(u64, Entry)]) -> HashMap<PathBuf, (String, u64, S
         }
         // A write to a file that lost its name before the handle closed (renamed over or
         // deleted while open): on record, but the content is not at that path.
-        let detached = e
-            .detail
-            .as_ref()
-            .and_then(|d| d.get("detached"))
-            .and_then(|v| v.as_bool())
-            .unwrap_or(false);
-        if detached {
+        // Likewise a write whose file someone else changed before it closed ("superseded").
+        let flagged = |k: &str| {
+            e.detail
+                .as_ref()
+                .and_then(|d| d.get(k))
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false)
+        };
+        if flagged("detached") || flagged("superseded") {
             continue;
         }
         let Some(path) = e.path_buf() else { continue };
