@@ -185,7 +185,9 @@ fn content_changes_by_an_unprivileged_caller_drop_setuid_and_setgid() {
             std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
             let st = Command::new("python3")
                 .arg("-c")
-                .arg(format!("import os\nos.setgid(65534)\nos.setuid(65534)\n{code}"))
+                .arg(format!(
+                    "import os\nos.setgid(65534)\nos.setuid(65534)\n{code}"
+                ))
                 .current_dir(dir)
                 .status()
                 .unwrap();
@@ -198,8 +200,15 @@ fn content_changes_by_an_unprivileged_caller_drop_setuid_and_setgid() {
     for group_exec in [true, false] {
         let native = modes(plain.path(), group_exec);
         // The test means something: natively a write drops set-user-ID, a read does not.
-        assert!(!native[0].1.starts_with('6') && !native[0].1.starts_with('4'), "{native:?}");
+        assert!(
+            !native[0].1.starts_with('6') && !native[0].1.starts_with('4'),
+            "{native:?}"
+        );
         assert!(native.last().unwrap().1.starts_with('6'), "{native:?}");
-        assert_eq!(modes(&tm.m(""), group_exec), native, "modes after each change (mount vs native)");
+        assert_eq!(
+            modes(&tm.m(""), group_exec),
+            native,
+            "modes after each change (mount vs native)"
+        );
     }
 }

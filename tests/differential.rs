@@ -4,12 +4,9 @@
 
 mod common;
 
-use std::ffi::CString;
-use std::io::Write;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use common::fsops::*;
 use common::*;
 
 /// Knuth's MMIX LCG.
@@ -35,164 +32,6 @@ impl Lcg {
     fn bytes(&mut self, max: u64) -> Vec<u8> {
         let n = self.below(max + 1);
         (0..n).map(|_| b'a' + self.below(26) as u8).collect()
-    }
-}
-
-#[derive(Debug, Clone)]
-enum Op {
-    Create(String, Vec<u8>),
-    CreateNew(String),
-    WriteAt(String, u64, Vec<u8>),
-    Append(String, Vec<u8>),
-    TruncFh(String, u64),
-    TruncPath(String, u64),
-    Rename(String, String),
-    RenameNoReplace(String, String),
-    Exchange(String, String),
-    Mkdir(String),
-    Rmdir(String),
-    Unlink(String),
-    Link(String, String),
-    Symlink(String, String),
-    Readlink(String),
-    Chmod(String, u32),
-    Stat(String),
-    StatFollow(String),
-    ReadDir(String),
-    Read(String),
-}
-
-type R = Result<String, i32>;
-
-fn errno(e: std::io::Error) -> i32 {
-    e.raw_os_error().unwrap_or(-1)
-}
-
-fn io<T>(r: std::io::Result<T>, f: impl FnOnce(T) -> String) -> R {
-    r.map(f).map_err(errno)
-}
-
-fn cpath(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_bytes()).unwrap()
-}
-
-fn libc_res(ret: libc::c_int) -> R {
-    if ret < 0 {
-        Err(errno(std::io::Error::last_os_error()))
-    } else {
-        Ok(String::new())
-    }
-}
-
-fn kind(ft: std::fs::FileType) -> &'static str {
-    if ft.is_symlink() {
-        "link"
-    } else if ft.is_dir() {
-        "dir"
-    } else if ft.is_file() {
-        "file"
-    } else {
-        "other"
-    }
-}
-
-fn stat_string(md: std::fs::Metadata) -> String {
-    let k = kind(md.file_type());
-    let size = if k == "dir" {
-        String::new()
-    } else {
-        format!(" size={}", md.len())
-    };
-    format!(
-        "{k}{size} mode={:o} nlink={}",
-        md.permissions().mode() & 0o7777,
-        md.nlink()
-    )
-}
-
-fn renameat2(a: &Path, b: &Path, flags: u32) -> R {
-    libc_res(unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            cpath(a).as_ptr(),
-            libc::AT_FDCWD,
-            cpath(b).as_ptr(),
-            flags,
-        )
-    })
-}
-
-/// Run `op` with paths relative to `base`.
-fn exec(base: &Path, op: &Op) -> R {
-    let p = |s: &str| base.join(s);
-    match op {
-        Op::Create(f, data) => io(
-            std::fs::File::create(p(f)).and_then(|mut h| h.write_all(data)),
-            |_| String::new(),
-        ),
-        Op::CreateNew(f) => io(
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(p(f)),
-            |_| String::new(),
-        ),
-        Op::WriteAt(f, off, data) => io(
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(p(f))
-                .and_then(|h| h.write_all_at(data, *off)),
-            |_| String::new(),
-        ),
-        Op::Append(f, data) => io(
-            std::fs::OpenOptions::new()
-                .append(true)
-                .open(p(f))
-                .and_then(|mut h| h.write_all(data)),
-            |_| String::new(),
-        ),
-        Op::TruncFh(f, len) => io(
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(p(f))
-                .and_then(|h| h.set_len(*len)),
-            |_| String::new(),
-        ),
-        Op::TruncPath(f, len) => {
-            libc_res(unsafe { libc::truncate(cpath(&p(f)).as_ptr(), *len as libc::off_t) })
-        }
-        Op::Rename(a, b) => io(std::fs::rename(p(a), p(b)), |_| String::new()),
-        Op::RenameNoReplace(a, b) => renameat2(&p(a), &p(b), libc::RENAME_NOREPLACE),
-        Op::Exchange(a, b) => renameat2(&p(a), &p(b), libc::RENAME_EXCHANGE),
-        Op::Mkdir(d) => io(std::fs::create_dir(p(d)), |_| String::new()),
-        Op::Rmdir(d) => io(std::fs::remove_dir(p(d)), |_| String::new()),
-        Op::Unlink(f) => io(std::fs::remove_file(p(f)), |_| String::new()),
-        Op::Link(a, b) => io(std::fs::hard_link(p(a), p(b)), |_| String::new()),
-        Op::Symlink(target, l) => io(std::os::unix::fs::symlink(target, p(l)), |_| String::new()),
-        Op::Readlink(l) => io(std::fs::read_link(p(l)), |t| {
-            t.to_string_lossy().into_owned()
-        }),
-        Op::Chmod(f, mode) => io(
-            std::fs::set_permissions(p(f), std::fs::Permissions::from_mode(*mode)),
-            |_| String::new(),
-        ),
-        Op::Stat(f) => io(std::fs::symlink_metadata(p(f)), stat_string),
-        Op::StatFollow(f) => io(std::fs::metadata(p(f)), stat_string),
-        Op::ReadDir(d) => io(std::fs::read_dir(p(d)), |rd| {
-            let mut v: Vec<String> = rd
-                .map(|e| {
-                    let e = e.unwrap();
-                    format!(
-                        "{}:{}",
-                        e.file_name().to_string_lossy(),
-                        kind(e.file_type().unwrap())
-                    )
-                })
-                .collect();
-            v.sort();
-            v.join(",")
-        }),
-        Op::Read(f) => io(std::fs::read(p(f)), |b| describe(&b)),
     }
 }
 
@@ -388,7 +227,7 @@ impl Gen<'_> {
                     "../".repeat(self.rng.below(depth as u64 + 1) as usize),
                     random_path(&mut self.rng)
                 );
-                Op::Symlink(target, l)
+                Op::Symlink(0, target, l)
             }
             15 => Op::Readlink(self.existing(None)),
             16 => {
@@ -413,24 +252,6 @@ impl Gen<'_> {
             }
             _ => Op::Read(self.existing(None)),
         }
-    }
-}
-
-/// The regular-file paths an operation mutates or reads.
-fn paths_of(op: &Op) -> Vec<&str> {
-    match op {
-        Op::Create(a, _)
-        | Op::CreateNew(a)
-        | Op::WriteAt(a, _, _)
-        | Op::Append(a, _)
-        | Op::TruncFh(a, _)
-        | Op::TruncPath(a, _)
-        | Op::Unlink(a)
-        | Op::Chmod(a, _) => vec![a],
-        Op::Rename(a, b) | Op::RenameNoReplace(a, b) | Op::Exchange(a, b) | Op::Link(a, b) => {
-            vec![a, b]
-        }
-        _ => vec![],
     }
 }
 
@@ -459,7 +280,7 @@ fn run(seed: u64, steps: u64, pre_read: bool, links: bool) {
         Op::Create("a".into(), b"alpha".to_vec()),
         Op::Create("x/b".into(), b"bravo".to_vec()),
         Op::Create("x/x/c".into(), b"charlie".to_vec()),
-        Op::Symlink("x/b".into(), "l".into()),
+        Op::Symlink(0, "x/b".into(), "l".into()),
     ];
     let mut gen = Gen {
         rng: Lcg(seed),

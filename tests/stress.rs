@@ -1083,7 +1083,13 @@ fn write_to_a_file_renamed_over_while_open_is_ledgered_with_a_path() {
     // its content is on record but no longer at d/f.
     let w = writes
         .iter()
-        .find(|e| e["content_hash"] == format!("sha256:{}", sha256_hex(b"written through the open handle\n")))
+        .find(|e| {
+            e["content_hash"]
+                == format!(
+                    "sha256:{}",
+                    sha256_hex(b"written through the open handle\n")
+                )
+        })
         .unwrap_or_else(|| panic!("no WRITE entry of the handle's content: {writes:#?}"));
     assert_eq!(w["path"], "d/f", "{w:#}");
     assert_eq!(w["detail"]["detached"], true, "{w:#}");

@@ -452,13 +452,16 @@ impl InodeTable {
         let mut idx: Vec<usize> = keys
             .iter()
             .map(|(d, i)| {
-                let h = d.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+                let h =
+                    d.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
                 (h >> 32) as usize % STALE_STRIPES
             })
             .collect();
         idx.sort_unstable();
         idx.dedup();
-        idx.into_iter().map(|i| self.stale_locks[i].lock()).collect()
+        idx.into_iter()
+            .map(|i| self.stale_locks[i].lock())
+            .collect()
     }
 
     /// Workspace-relative path of a node by its primary names, as the daemon knows it.

@@ -728,7 +728,8 @@ impl Fs {
                     self.table
                         .move_alias(&n, newparent, newname, parent, name, &ident.key());
                 } else {
-                    self.table.remove_alias(&n, newparent, newname, &ident.key());
+                    self.table
+                        .remove_alias(&n, newparent, newname, &ident.key());
                 }
             }
         }
@@ -833,7 +834,11 @@ impl Fs {
             if when.elapsed() > std::time::Duration::from_secs(1) {
                 continue;
             }
-            if let Some(rel) = self.node(parent).ok().and_then(|p| self.child_rel(&p, &name).ok()) {
+            if let Some(rel) = self
+                .node(parent)
+                .ok()
+                .and_then(|p| self.child_rel(&p, &name).ok())
+            {
                 if !open_rels.contains(&rel) {
                     open_rels.push(rel);
                 }
@@ -1108,8 +1113,7 @@ impl Fs {
         let mut new = mode & !libc::S_ISUID;
         // As the kernel's setattr_should_drop_sgid: set-group-ID goes when the file is
         // group-executable, or when the caller is not in the file's group.
-        if mode & libc::S_ISGID != 0
-            && (mode & libc::S_IXGRP != 0 || !in_group(caller, st.st_gid))
+        if mode & libc::S_ISGID != 0 && (mode & libc::S_IXGRP != 0 || !in_group(caller, st.st_gid))
         {
             new &= !libc::S_ISGID;
         }

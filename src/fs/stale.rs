@@ -240,25 +240,21 @@ impl Fs {
         if h.read_recorded.load(Ordering::Acquire) || h.provisional.swap(true, Ordering::AcqRel) {
             return;
         }
-        let rels = self.read_rels(h);
-        if rels.is_empty() {
-            return;
-        }
-        if let Ok((hash, stamp)) = self.hashes.hash(&h.file) {
-            tracing::debug!(
-                agent = %h.identity.name, rels = ?rels, ino = stamp.ino, size = stamp.size,
-                hash = %hex::encode(&hash[..6]), "read recorded (provisional)"
-            );
-            for rel in &rels {
-                h.identity.saw(rel, pid, Seen { stamp, hash });
-            }
-        }
+        self.record_content_now(h, pid, "read recorded (provisional)");
     }
 
+    /// A read that cannot be recorded exactly (not from offset 0, or not to the end):
+    /// what the file holds now, once per handle.
     pub(crate) fn record_read(&self, h: &FileHandle, pid: u32) {
         if h.read_recorded.swap(true, Ordering::AcqRel) {
             return;
         }
+        self.record_content_now(h, pid, "read recorded");
+    }
+
+    /// Record the file's content now as seen by `h`'s identity under the names it was
+    /// reached by.
+    fn record_content_now(&self, h: &FileHandle, pid: u32, what: &str) {
         let rels = self.read_rels(h);
         if rels.is_empty() {
             tracing::debug!(agent = %h.identity.name, ino = h.node.ino, open_rels = ?h.open_rels, "read not recorded: no name");
@@ -267,7 +263,7 @@ impl Fs {
         if let Ok((hash, stamp)) = self.hashes.hash(&h.file) {
             tracing::debug!(
                 agent = %h.identity.name, rels = ?rels, ino = stamp.ino, size = stamp.size,
-                hash = %hex::encode(&hash[..6]), "read recorded"
+                hash = %hex::encode(&hash[..6]), "{what}"
             );
             for rel in &rels {
                 h.identity.saw(rel, pid, Seen { stamp, hash });
@@ -345,7 +341,11 @@ impl Fs {
     /// The names a read through `h` is recorded under: the file's names now and at open.
     fn read_rels(&self, h: &FileHandle) -> Vec<PathBuf> {
         let mut rels: Vec<PathBuf> = Vec::new();
-        for r in self.alias_rels(&h.node).into_iter().chain(h.open_rels.iter().cloned()) {
+        for r in self
+            .alias_rels(&h.node)
+            .into_iter()
+            .chain(h.open_rels.iter().cloned())
+        {
             if !r.as_os_str().is_empty() && !untracked(&r) && !rels.contains(&r) {
                 rels.push(r);
             }
@@ -484,7 +484,11 @@ impl Fs {
         // The file may have lost every name while open (renamed over, deleted): the entry
         // then keeps the name it was written under and says it is detached, so `ledger
         // verify` does not expect its content at that path any more.
-        let (rel, detached) = match self.node_rels(&h.node).ok().and_then(|v| v.into_iter().next()) {
+        let (rel, detached) = match self
+            .node_rels(&h.node)
+            .ok()
+            .and_then(|v| v.into_iter().next())
+        {
             Some(r) => {
                 *h.last_rel.lock() = r.clone();
                 (r, false)

@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+pub mod fsops;
+
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::fs::MetadataExt;
