@@ -17,7 +17,7 @@ use crate::guard::stale::Stamp;
 /// Streaming buffer: a 10 GiB file costs this much memory, no more.
 const BUF: usize = 256 * 1024;
 /// Most cached hashes before the cache starts over (about 100 bytes each).
-const MAX_ENTRIES: usize = 500_000;
+const MAX_ENTRIES: usize = 200_000;
 
 /// The stamp of a `stat`.
 pub fn stamp_of(st: &sys::Stat) -> Stamp {
@@ -78,7 +78,11 @@ impl HashCache {
 
     /// Remember a hash computed elsewhere (e.g. from bytes already in memory).
     pub fn insert(&self, s: Stamp, h: [u8; 32]) {
-        self.map.lock().insert((s.dev, s.ino), (s, h));
+        let mut m = self.map.lock();
+        if m.len() >= MAX_ENTRIES {
+            m.clear();
+        }
+        m.insert((s.dev, s.ino), (s, h));
     }
 }
 
