@@ -1149,3 +1149,75 @@ fn overwrite_after_another_identity_renamed_a_new_version_over_is_refused() {
     assert_eq!(tm.ws_bytes("d/f"), b"version W\n", "B overwrote W: {rest}");
     assert!(rest.contains("STALE_FILE"), "{rest}");
 }
+
+/// Found by the storm: B truncates `f` at open, A writes `f` meanwhile, B's own write is then
+/// refused (someone else wrote while B had it open) and B closes. B's WRITE entry (the
+/// truncation is B's doing) must not credit B with A's content: it records the empty file
+/// B left, marked superseded, and `ledger verify` finds no drift.
+#[test]
+fn a_truncation_overtaken_by_another_identity_is_recorded_as_superseded() {
+    let tm = TestMount::builder()
+        .policy(ALLOW_ALL)
+        .intent("ALL")
+        .files(&[("d/f", "v0\n")])
+        .mount();
+    // B reads f, opens it O_TRUNC, waits, then tries to write and closes.
+    let code = "import os, sys\n\
+                open('d/f').read()\n\
+                fd = os.open('d/f', os.O_WRONLY | os.O_TRUNC)\n\
+                print('truncated', flush=True)\n\
+                sys.stdin.readline()\n\
+                try:\n    os.write(fd, b'B writes\\n')\n    print('ok', flush=True)\n\
+                except OSError as e:\n    print('errno', e.errno, flush=True)\n\
+                os.close(fd)\n";
+    let mut b = intentfs()
+        .arg("run")
+        .arg("--mount")
+        .arg(&tm.mnt)
+        .args(["--intent", "ALL", "--agent", "b", "--"])
+        .args([python(), "-c", code])
+        .current_dir(&tm.mnt)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::{BufRead, Write};
+    let mut out = std::io::BufReader::new(b.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "truncated");
+    // A (the mount's default identity) reads the now empty file and writes its version.
+    assert_eq!(std::fs::read(tm.m("d/f")).unwrap(), b"");
+    std::fs::write(tm.m("d/f"), "A writes\n").unwrap();
+    writeln!(b.stdin.take().unwrap()).unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert!(b.wait().unwrap().success());
+    assert_eq!(rest.trim(), format!("errno {}", libc::EACCES), "{rest}");
+    assert_eq!(tm.ws_bytes("d/f"), b"A writes\n");
+    // The RELEASE of B's handle is asynchronous: wait for B's entry.
+    let empty = format!("sha256:{}", sha256_hex(b""));
+    let mut entry = None;
+    assert!(wait_until(Duration::from_secs(5), || {
+        entry = tm.ledger().into_iter().find(|e| {
+            e["mutation_type"] == "WRITE" && e["agent"]["name"] == "b" && e["path"] == "d/f"
+        });
+        entry.is_some()
+    }));
+    let e = entry.unwrap();
+    assert_eq!(e["content_hash"], empty.as_str(), "{e:#}");
+    assert_eq!(e["detail"]["superseded"], true, "{e:#}");
+    let a = format!("sha256:{}", sha256_hex(b"A writes\n"));
+    assert!(
+        tm.ledger()
+            .iter()
+            .any(|e| e["mutation_type"] == "WRITE" && e["content_hash"] == a.as_str()),
+        "A's write is on record"
+    );
+    let v = intentfs()
+        .args(["ledger", "verify"])
+        .arg(&tm.ws)
+        .output()
+        .unwrap();
+    assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stdout));
+}
