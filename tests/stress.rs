@@ -1221,3 +1221,63 @@ fn a_truncation_overtaken_by_another_identity_is_recorded_as_superseded() {
         .unwrap();
     assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stdout));
 }
+
+/// Found by the storm: while two handles of one file are open, the kernel may serve one
+/// reader's read from pages the other's read filled, so no read request reaches the
+/// daemon. What the reader saw must still be on record: after the file changes, its
+/// overwrite is refused as stale.
+#[test]
+fn a_read_served_from_the_page_cache_still_counts_as_seen() {
+    let tm = TestMount::builder()
+        .policy(ALLOW_ALL)
+        .intent("ALL")
+        .files(&[("d/f", "v0\n")])
+        .mount();
+    std::fs::write(tm.m("d/f"), "version 1\n").unwrap();
+    // A opens f, waits (the default identity reads f meanwhile, filling the page cache),
+    // then reads through its own handle, waits again, then overwrites f.
+    let code = "import os, sys, json\n\
+                fd = os.open('d/f', os.O_RDONLY)\n\
+                print('opened', flush=True)\n\
+                sys.stdin.readline()\n\
+                print(os.read(fd, 100).decode().strip(), flush=True)\n\
+                os.close(fd)\n\
+                sys.stdin.readline()\n\
+                try:\n    open('d/f', 'w').write('A overwrites\\n')\n    print('ok', flush=True)\n\
+                except OSError as e:\n    print(json.load(open('.intentfs/last_error'))['code'], flush=True)\n";
+    let mut a = intentfs()
+        .arg("run")
+        .arg("--mount")
+        .arg(&tm.mnt)
+        .args(["--intent", "ALL", "--agent", "a", "--"])
+        .args([python(), "-c", code])
+        .current_dir(&tm.mnt)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::{BufRead, Write};
+    let mut out = std::io::BufReader::new(a.stdout.take().unwrap());
+    let mut stdin = a.stdin.take().unwrap();
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "opened");
+    // The default identity reads f through the mount: its read request fills the cache.
+    let mut g = std::fs::File::open(tm.m("d/f")).unwrap();
+    let mut s = String::new();
+    std::io::Read::read_to_string(&mut g, &mut s).unwrap();
+    assert_eq!(s, "version 1\n");
+    writeln!(stdin).unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "version 1");
+    drop(g);
+    // Another version lands; A never saw it.
+    std::fs::write(tm.m("d/f"), "version 2\n").unwrap();
+    writeln!(stdin).unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    a.wait().unwrap();
+    assert_eq!(line.trim(), "STALE_FILE");
+    assert_eq!(tm.ws_bytes("d/f"), b"version 2\n");
+}
