@@ -260,7 +260,8 @@ fn bench_ledger(c: &mut Criterion) {
     }
 
     // `record` from 4 threads at once: group commit shares the fdatasync.
-    for threads in [4u64] {
+    {
+        let threads = 4u64;
         let dir = tempfile::tempdir().unwrap();
         let (ledger, _) =
             Ledger::open(&dir.path().join("trace.jsonl"), LedgerOptions::default()).unwrap();

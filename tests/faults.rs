@@ -225,9 +225,7 @@ fn kill_9_during_rename_and_delete_storms_loses_no_acknowledged_entry() {
         let entries = intact_entries(&lp);
         let has = |t: &str, path: &str, from: Option<&str>| {
             entries.iter().any(|e| {
-                e["mutation_type"] == t
-                    && e["path"] == path
-                    && from.map_or(true, |f| e["from"] == f)
+                e["mutation_type"] == t && e["path"] == path && from.is_none_or(|f| e["from"] == f)
             })
         };
         let mut acked = 0;

@@ -149,11 +149,9 @@ impl Fs {
                         let glob = spec.rel.to_string_lossy().into_owned();
                         match globset::Glob::new(&globset::escape(&glob)) {
                             Ok(g2) => g.globs.push((glob, g2.compile_matcher())),
-                            Err(_) => g
-                                .files
-                                .insert((spec.kind, spec.rel.clone()))
-                                .then_some(())
-                                .unwrap_or(()),
+                            Err(_) => {
+                                g.files.insert((spec.kind, spec.rel.clone()));
+                            }
                         }
                     }
                     _ => g.once.push((spec.kind, spec.rel.clone())),

@@ -35,10 +35,13 @@ pub fn to_string(h: &[u8; 32]) -> String {
     format!("sha256:{}", hex::encode(h))
 }
 
+/// `(device, inode)` -> the stamp a hash was taken at, and the hash.
+type HashMapByInode = HashMap<(u64, u64), (Stamp, [u8; 32])>;
+
 /// Hashes by (device, inode), valid while the stamp matches.
 #[derive(Default)]
 pub struct HashCache {
-    map: Mutex<HashMap<(u64, u64), (Stamp, [u8; 32])>>,
+    map: Mutex<HashMapByInode>,
     /// Files actually hashed (cache misses), for status and tests.
     pub hashed: AtomicU64,
     /// Bytes hashed.

@@ -296,6 +296,7 @@ impl Fs {
 
     /// Common shape of mkdir/mknod/symlink: authorize `parent/name`, run `make`, look the new
     /// entry up, ledger it.
+    #[allow(clippy::too_many_arguments)]
     fn make_entry(
         &self,
         caller: &Caller,

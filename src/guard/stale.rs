@@ -90,7 +90,8 @@ mod tests {
             hash: a,
         };
         // (seen, now, require_read, hash now, expected)
-        let cases: Vec<(Option<Seen>, Stamp, bool, Option<[u8; 32]>, Verdict)> = vec![
+        type Case = (Option<Seen>, Stamp, bool, Option<[u8; 32]>, Verdict);
+        let cases: Vec<Case> = vec![
             (None, stamp(10, 100), false, None, Verdict::Fresh(None)),
             (None, stamp(10, 100), true, None, Verdict::Unread),
             (Some(seen), stamp(10, 100), true, None, Verdict::Fresh(None)),
