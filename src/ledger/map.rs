@@ -27,8 +27,15 @@ const MAX_SCAN_BYTES: u64 = 1024 * 1024;
 /// At most this many items are listed per file.
 const MAX_ITEMS: usize = 12;
 
+/// Rows of files that are gone (deleted or renamed away) kept per intent; older ones are
+/// dropped from the map (they stay in the ledger), so the map and the daemon's memory
+/// follow the live tree plus recent history, not every temp file ever made.
+const MAX_GONE_ROWS: usize = 1000;
+
 #[derive(Default)]
 struct FileStats {
+    /// The path no longer exists (deleted, or renamed to another name).
+    gone: bool,
     changes: u64,
     writes: u64,
     last_time: String,
@@ -44,6 +51,10 @@ struct MapState {
     entries: u64,
     /// intent ("(no intent)" when none) -> path -> stats.
     intents: BTreeMap<String, BTreeMap<String, FileStats>>,
+    /// Per intent, gone paths in the order they went (may hold stale names).
+    gone: BTreeMap<String, std::collections::VecDeque<String>>,
+    /// Per intent, rows of gone files dropped from the map.
+    pruned: BTreeMap<String, u64>,
     /// Whether something was ingested since the last write.
     dirty: bool,
     last_write: Option<Instant>,
@@ -172,12 +183,13 @@ impl IntentMapWriter {
             .intents
             .entry(intent)
             .or_default()
-            .entry(path)
+            .entry(path.clone())
             .or_default();
         stats.changes += 1;
         if e.mutation_type == MutationType::Write {
             stats.writes += 1;
         }
+        stats.gone = false;
         stats.last_time = e.timestamp.clone();
         stats.last_type = e.mutation_type.as_str();
         stats.last_agent = e.agent.as_ref().map(|a| a.name.clone()).unwrap_or_default();
@@ -190,6 +202,39 @@ impl IntentMapWriter {
                         break;
                     }
                     stats.items.insert(item);
+                }
+            }
+        }
+        // A path that went away: its rows (under every intent) become history.
+        let exchange = e
+            .detail
+            .as_ref()
+            .and_then(|d| d.get("exchange"))
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        let went = match e.mutation_type {
+            MutationType::Delete | MutationType::Rmdir => Some(path),
+            MutationType::Rename if !exchange => e.from.clone().filter(|f| *f != path),
+            _ => None,
+        };
+        if let Some(went) = went {
+            Self::mark_gone(st, &went);
+        }
+    }
+
+    fn mark_gone(st: &mut MapState, path: &str) {
+        for (intent, files) in st.intents.iter_mut() {
+            let Some(f) = files.get_mut(path) else {
+                continue;
+            };
+            f.gone = true;
+            let q = st.gone.entry(intent.clone()).or_default();
+            q.push_back(path.to_owned());
+            while q.len() > MAX_GONE_ROWS {
+                let Some(old) = q.pop_front() else { break };
+                if files.get(&old).is_some_and(|f| f.gone) {
+                    files.remove(&old);
+                    *st.pruned.entry(intent.clone()).or_default() += 1;
                 }
             }
         }
@@ -265,6 +310,11 @@ fn render(st: &MapState, ledger_path: &Path) -> String {
                 f.last_type,
                 cell(&f.last_agent),
                 items.join(", ")
+            ));
+        }
+        if let Some(n) = st.pruned.get(intent).filter(|n| **n > 0) {
+            s.push_str(&format!(
+                "\n{n} older rows of files that are gone (deleted or renamed away) are not listed; the ledger has them.\n"
             ));
         }
     }

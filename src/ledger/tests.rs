@@ -217,15 +217,31 @@ fn entries_for_each_mutation_type_with_real_hashes_and_field_order() {
             "null optional fields are skipped: {line}"
         );
     }
-    // First classified mutation of the path by the intent evolves it; later ones refactor.
-    let classes: Vec<_> = entries
-        .iter()
-        .filter_map(|(_, e)| e.mutation_class)
-        .collect();
-    assert_eq!(classes[0], MutationClass::IntentEvolution);
-    assert!(classes[1..]
-        .iter()
-        .all(|c| *c == MutationClass::AstRefactor));
+    // First classified mutation of the path by the intent evolves it; later ones refactor,
+    // until the path goes away (a delete forgets it; so does a rename away from it, see
+    // `mutation_class_forgets_paths_that_went_away`).
+    let mut known = false;
+    for (_, e) in &entries {
+        if let Some(c) = e.mutation_class {
+            let want = if known {
+                MutationClass::AstRefactor
+            } else {
+                MutationClass::IntentEvolution
+            };
+            assert_eq!(c, want, "{:?}", e.mutation_type);
+            known = true;
+        }
+        // (Renames here come from another path, `old.txt`, which is what they forget.)
+        if matches!(e.mutation_type, MutationType::Delete | MutationType::Rmdir) {
+            known = false;
+        }
+    }
+    assert!(
+        entries
+            .iter()
+            .any(|(_, e)| e.mutation_class == Some(MutationClass::AstRefactor)),
+        "later changes refactor"
+    );
     assert!(verify_chain(&lp).unwrap().intact());
     assert_eq!(entries[0].1.prev, entry::GENESIS_PREV);
     assert_eq!(
@@ -1031,4 +1047,81 @@ fn kill_9_during_a_storm_loses_no_acknowledged_entry() {
         "no duplicates"
     );
     assert!(verify_chain(&lp).unwrap().intact());
+}
+
+#[test]
+fn mutation_class_forgets_paths_that_went_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("l.jsonl");
+    let (l, _) = open(&p);
+    let next = |l: &Ledger, path: &str| l.next_class(Some("INT-1"), Path::new(path));
+    // sed -i: a temp file, renamed over the original.
+    l.record(draft(MutationType::Write, "f.rs")).unwrap();
+    l.record(draft(MutationType::Write, "sedAbc123")).unwrap();
+    let mut r = draft(MutationType::Rename, "f.rs");
+    r.from = Some(PathBuf::from("sedAbc123"));
+    l.record(r).unwrap();
+    assert_eq!(next(&l, "f.rs"), MutationClass::AstRefactor);
+    assert_eq!(
+        next(&l, "sedAbc123"),
+        MutationClass::IntentEvolution,
+        "the temp name is forgotten"
+    );
+    // An exchange keeps both names.
+    l.record(draft(MutationType::Write, "g.rs")).unwrap();
+    let mut x = draft(MutationType::Rename, "g.rs");
+    x.from = Some(PathBuf::from("f.rs"));
+    x.detail = Some(serde_json::json!({ "exchange": true }));
+    l.record(x).unwrap();
+    assert_eq!(next(&l, "f.rs"), MutationClass::AstRefactor);
+    assert_eq!(next(&l, "g.rs"), MutationClass::AstRefactor);
+    // A deleted file created again is a first change again.
+    l.record(draft(MutationType::Delete, "g.rs")).unwrap();
+    assert_eq!(next(&l, "g.rs"), MutationClass::IntentEvolution);
+    drop(l);
+    // The same after the set is rebuilt from the ledger.
+    let (l, _) = open(&p);
+    assert_eq!(next(&l, "f.rs"), MutationClass::AstRefactor);
+    assert_eq!(next(&l, "sedAbc123"), MutationClass::IntentEvolution);
+    assert_eq!(next(&l, "g.rs"), MutationClass::IntentEvolution);
+    let e = l.record(draft(MutationType::Write, "g.rs"));
+    assert!(e.is_ok());
+    l.shutdown();
+    let last = raw_lines(&p).pop().unwrap();
+    assert!(
+        last.contains("\"mutation_class\":\"INTENT_EVOLUTION\""),
+        "{last}"
+    );
+}
+
+#[test]
+fn intent_map_keeps_recent_gone_files_and_drops_older_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    let lp = ws.join(DEFAULT_LEDGER);
+    let out = ws.join(DEFAULT_INTENT_MAP);
+    let (l, _) = open(&lp);
+    l.record(draft(MutationType::Write, "keep.rs")).unwrap();
+    // 1,200 temp files, each written and renamed over keep.rs (what `sed -i` leaves).
+    for i in 0..1200 {
+        l.record(draft(MutationType::Write, &format!("sed{i:04}")))
+            .unwrap();
+        let mut r = draft(MutationType::Rename, "keep.rs");
+        r.from = Some(PathBuf::from(format!("sed{i:04}")));
+        l.record(r).unwrap();
+    }
+    l.shutdown();
+    write_intent_map(&lp, None, &out).unwrap();
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.contains("`keep.rs` | 1201 |"), "{}", &text[..400]);
+    assert!(
+        !text.contains("`sed0000`"),
+        "the oldest gone rows are dropped"
+    );
+    assert!(text.contains("`sed1199`"), "recent ones stay");
+    assert!(
+        text.contains("200 older rows of files that are gone"),
+        "{}",
+        &text[text.len() - 300..]
+    );
 }

@@ -18,7 +18,7 @@
 //!
 //! It knows nothing about FUSE or the policy: it turns [`Draft`]s into lines.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -115,8 +115,65 @@ pub struct OpenReport {
     pub chain_findings: Vec<Finding>,
 }
 
-/// The key of the (intent, path) set behind `mutation_class`.
-type ClassKey = (Option<String>, Vec<u8>);
+/// The (intent, path) pairs behind `mutation_class`: which intents already made a
+/// classified change to each path. A path that goes away (deleted, or renamed to another
+/// name) is forgotten, so the set follows the live tree instead of growing with every
+/// temp file `sed -i` or an editor ever made; a file created again at that path is the
+/// intent's first change to it again.
+#[derive(Default)]
+struct Classes {
+    by_path: HashMap<Vec<u8>, Vec<Option<String>>>,
+}
+
+impl Classes {
+    fn contains(&self, intent: &Option<String>, path: &[u8]) -> bool {
+        self.by_path.get(path).is_some_and(|v| v.contains(intent))
+    }
+
+    /// What one entry does to the set, and the class it gets (the same at append and
+    /// when the set is rebuilt from the ledger at open).
+    fn apply(
+        &mut self,
+        mt: MutationType,
+        intent: &Option<String>,
+        path: Option<&[u8]>,
+        from: Option<&[u8]>,
+        detail: Option<&serde_json::Value>,
+    ) -> Option<MutationClass> {
+        let class = match path {
+            Some(p) if mt.is_classified() => {
+                let v = self.by_path.entry(p.to_vec()).or_default();
+                Some(if v.contains(intent) {
+                    MutationClass::AstRefactor
+                } else {
+                    v.push(intent.clone());
+                    MutationClass::IntentEvolution
+                })
+            }
+            _ => None,
+        };
+        let exchange = detail
+            .and_then(|d| d.get("exchange"))
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        match mt {
+            MutationType::Delete | MutationType::Rmdir => {
+                if let Some(p) = path {
+                    self.by_path.remove(p);
+                }
+            }
+            MutationType::Rename if !exchange => {
+                if let Some(f) = from {
+                    if Some(f) != path {
+                        self.by_path.remove(f);
+                    }
+                }
+            }
+            _ => {}
+        }
+        class
+    }
+}
 
 /// What the writer state and the sync thread share.
 struct Shared {
@@ -126,7 +183,7 @@ struct Shared {
     /// Some(reason) while the writer cannot write.
     health: Mutex<Option<String>>,
     /// (intent, path) pairs that already had a classified mutation.
-    classes: Mutex<HashSet<ClassKey>>,
+    classes: Mutex<Classes>,
 }
 
 struct Inner {
@@ -378,11 +435,14 @@ impl Ledger {
     /// (`INTENT_EVOLUTION` for the first, `AST_REFACTOR` after). Entries still
     /// queued are not counted.
     pub fn next_class(&self, intent: Option<&str>, path: &Path) -> MutationClass {
-        let key = (
-            intent.map(str::to_owned),
-            path.as_os_str().as_bytes().to_vec(),
-        );
-        if self.inner.shared.classes.lock().contains(&key) {
+        let intent = intent.map(str::to_owned);
+        if self
+            .inner
+            .shared
+            .classes
+            .lock()
+            .contains(&intent, path.as_os_str().as_bytes())
+        {
             MutationClass::AstRefactor
         } else {
             MutationClass::IntentEvolution
@@ -408,7 +468,7 @@ struct Scan {
     good_len: u64,
     kept_lines: u64,
     last_hash: String,
-    classes: HashSet<ClassKey>,
+    classes: Classes,
     findings: Vec<Finding>,
 }
 
@@ -416,16 +476,22 @@ fn scan(file: &mut File) -> io::Result<Scan> {
     let file_len = file.metadata()?.len();
     file.seek(SeekFrom::Start(0))?;
     let mut checker = ChainChecker::new();
-    let mut classes = HashSet::new();
+    let mut classes = Classes::default();
     let mut good = (0u64, 0u64, checker.last_hash().to_owned());
     for line in Lines::new(io::BufReader::with_capacity(256 * 1024, &mut *file)) {
         let line = line?;
         match parse_line(line.content()) {
             Ok(e) if line.terminated => {
                 checker.push(&line, Some(&e.prev), None);
-                if let Some(k) = class_key_of_entry(&e) {
-                    classes.insert(k);
-                }
+                let path = e.path_buf();
+                let from = e.from_buf();
+                classes.apply(
+                    e.mutation_type,
+                    &e.intent_id,
+                    path.as_ref().map(|p| p.as_os_str().as_bytes()),
+                    from.as_ref().map(|p| p.as_os_str().as_bytes()),
+                    e.detail.as_ref(),
+                );
                 good = (
                     line.offset + line.bytes.len() as u64,
                     line.line_no,
@@ -451,14 +517,6 @@ fn scan(file: &mut File) -> io::Result<Scan> {
         classes,
         findings,
     })
-}
-
-fn class_key_of_entry(e: &Entry) -> Option<ClassKey> {
-    if !e.mutation_type.is_classified() {
-        return None;
-    }
-    let p = e.path_buf()?;
-    Some((e.intent_id.clone(), p.as_os_str().as_bytes().to_vec()))
 }
 
 /// The writer thread's state.
@@ -493,20 +551,15 @@ impl WriterState {
     }
 
     /// Turns a draft into a chained line at the end of `pending`.
-    fn append(&mut self, d: &Draft, classes: &mut HashSet<ClassKey>) {
+    fn append(&mut self, d: &Draft, classes: &mut Classes) {
         let Some(mt) = d.mutation_type else { return };
-        let mutation_class = if mt.is_classified() {
-            d.path.as_ref().map(|p| {
-                let key = (d.intent_id.clone(), p.as_os_str().as_bytes().to_vec());
-                if classes.insert(key) {
-                    MutationClass::IntentEvolution
-                } else {
-                    MutationClass::AstRefactor
-                }
-            })
-        } else {
-            None
-        };
+        let mutation_class = classes.apply(
+            mt,
+            &d.intent_id,
+            d.path.as_ref().map(|p| p.as_os_str().as_bytes()),
+            d.from.as_ref().map(|p| p.as_os_str().as_bytes()),
+            d.detail.as_ref(),
+        );
         let (path, path_b64) = d.path.as_deref().map(encode_path).unzip();
         let (from, from_b64) = d.from.as_deref().map(encode_path).unzip();
         let entry = Entry {
