@@ -217,31 +217,15 @@ fn entries_for_each_mutation_type_with_real_hashes_and_field_order() {
             "null optional fields are skipped: {line}"
         );
     }
-    // First classified mutation of the path by the intent evolves it; later ones refactor,
-    // until the path goes away (a delete forgets it; so does a rename away from it, see
-    // `mutation_class_forgets_paths_that_went_away`).
-    let mut known = false;
-    for (_, e) in &entries {
-        if let Some(c) = e.mutation_class {
-            let want = if known {
-                MutationClass::AstRefactor
-            } else {
-                MutationClass::IntentEvolution
-            };
-            assert_eq!(c, want, "{:?}", e.mutation_type);
-            known = true;
-        }
-        // (Renames here come from another path, `old.txt`, which is what they forget.)
-        if matches!(e.mutation_type, MutationType::Delete | MutationType::Rmdir) {
-            known = false;
-        }
-    }
-    assert!(
-        entries
-            .iter()
-            .any(|(_, e)| e.mutation_class == Some(MutationClass::AstRefactor)),
-        "later changes refactor"
-    );
+    // First classified mutation of the path by the intent evolves it; later ones refactor.
+    let classes: Vec<_> = entries
+        .iter()
+        .filter_map(|(_, e)| e.mutation_class)
+        .collect();
+    assert_eq!(classes[0], MutationClass::IntentEvolution);
+    assert!(classes[1..]
+        .iter()
+        .all(|c| *c == MutationClass::AstRefactor));
     assert!(verify_chain(&lp).unwrap().intact());
     assert_eq!(entries[0].1.prev, entry::GENESIS_PREV);
     assert_eq!(
@@ -1050,47 +1034,27 @@ fn kill_9_during_a_storm_loses_no_acknowledged_entry() {
 }
 
 #[test]
-fn mutation_class_forgets_paths_that_went_away() {
+fn mutation_class_remembers_deleted_paths() {
+    // An intent's first write to a path is the first ever: a file deleted and created again
+    // refactors, before and after the set is rebuilt from the ledger.
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("l.jsonl");
     let (l, _) = open(&p);
-    let next = |l: &Ledger, path: &str| l.next_class(Some("INT-1"), Path::new(path));
-    // sed -i: a temp file, renamed over the original.
-    l.record(draft(MutationType::Write, "f.rs")).unwrap();
-    l.record(draft(MutationType::Write, "sedAbc123")).unwrap();
-    let mut r = draft(MutationType::Rename, "f.rs");
-    r.from = Some(PathBuf::from("sedAbc123"));
-    l.record(r).unwrap();
-    assert_eq!(next(&l, "f.rs"), MutationClass::AstRefactor);
-    assert_eq!(
-        next(&l, "sedAbc123"),
-        MutationClass::IntentEvolution,
-        "the temp name is forgotten"
-    );
-    // An exchange keeps both names.
     l.record(draft(MutationType::Write, "g.rs")).unwrap();
-    let mut x = draft(MutationType::Rename, "g.rs");
-    x.from = Some(PathBuf::from("f.rs"));
-    x.detail = Some(serde_json::json!({ "exchange": true }));
-    l.record(x).unwrap();
-    assert_eq!(next(&l, "f.rs"), MutationClass::AstRefactor);
-    assert_eq!(next(&l, "g.rs"), MutationClass::AstRefactor);
-    // A deleted file created again is a first change again.
     l.record(draft(MutationType::Delete, "g.rs")).unwrap();
-    assert_eq!(next(&l, "g.rs"), MutationClass::IntentEvolution);
+    assert_eq!(
+        l.next_class(Some("INT-1"), Path::new("g.rs")),
+        MutationClass::AstRefactor
+    );
     drop(l);
-    // The same after the set is rebuilt from the ledger.
     let (l, _) = open(&p);
-    assert_eq!(next(&l, "f.rs"), MutationClass::AstRefactor);
-    assert_eq!(next(&l, "sedAbc123"), MutationClass::IntentEvolution);
-    assert_eq!(next(&l, "g.rs"), MutationClass::IntentEvolution);
-    let e = l.record(draft(MutationType::Write, "g.rs"));
-    assert!(e.is_ok());
-    l.shutdown();
-    let last = raw_lines(&p).pop().unwrap();
-    assert!(
-        last.contains("\"mutation_class\":\"INTENT_EVOLUTION\""),
-        "{last}"
+    assert_eq!(
+        l.next_class(Some("INT-1"), Path::new("g.rs")),
+        MutationClass::AstRefactor
+    );
+    assert_eq!(
+        l.next_class(Some("INT-2"), Path::new("g.rs")),
+        MutationClass::IntentEvolution
     );
 }
 

@@ -116,10 +116,8 @@ pub struct OpenReport {
 }
 
 /// The (intent, path) pairs behind `mutation_class`: which intents already made a
-/// classified change to each path. A path that goes away (deleted, or renamed to another
-/// name) is forgotten, so the set follows the live tree instead of growing with every
-/// temp file `sed -i` or an editor ever made; a file created again at that path is the
-/// intent's first change to it again.
+/// classified change to each path (kept for the ledger's lifetime: an intent's first write
+/// to a path is the first ever, even if the file was deleted in between).
 #[derive(Default)]
 struct Classes {
     by_path: HashMap<Vec<u8>, Vec<Option<String>>>,
@@ -137,10 +135,8 @@ impl Classes {
         mt: MutationType,
         intent: &Option<String>,
         path: Option<&[u8]>,
-        from: Option<&[u8]>,
-        detail: Option<&serde_json::Value>,
     ) -> Option<MutationClass> {
-        let class = match path {
+        match path {
             Some(p) if mt.is_classified() => {
                 let v = self.by_path.entry(p.to_vec()).or_default();
                 Some(if v.contains(intent) {
@@ -151,27 +147,7 @@ impl Classes {
                 })
             }
             _ => None,
-        };
-        let exchange = detail
-            .and_then(|d| d.get("exchange"))
-            .and_then(|v| v.as_bool())
-            .unwrap_or(false);
-        match mt {
-            MutationType::Delete | MutationType::Rmdir => {
-                if let Some(p) = path {
-                    self.by_path.remove(p);
-                }
-            }
-            MutationType::Rename if !exchange => {
-                if let Some(f) = from {
-                    if Some(f) != path {
-                        self.by_path.remove(f);
-                    }
-                }
-            }
-            _ => {}
         }
-        class
     }
 }
 
@@ -484,13 +460,10 @@ fn scan(file: &mut File) -> io::Result<Scan> {
             Ok(e) if line.terminated => {
                 checker.push(&line, Some(&e.prev), None);
                 let path = e.path_buf();
-                let from = e.from_buf();
                 classes.apply(
                     e.mutation_type,
                     &e.intent_id,
                     path.as_ref().map(|p| p.as_os_str().as_bytes()),
-                    from.as_ref().map(|p| p.as_os_str().as_bytes()),
-                    e.detail.as_ref(),
                 );
                 good = (
                     line.offset + line.bytes.len() as u64,
@@ -557,8 +530,6 @@ impl WriterState {
             mt,
             &d.intent_id,
             d.path.as_ref().map(|p| p.as_os_str().as_bytes()),
-            d.from.as_ref().map(|p| p.as_os_str().as_bytes()),
-            d.detail.as_ref(),
         );
         let (path, path_b64) = d.path.as_deref().map(encode_path).unzip();
         let (from, from_b64) = d.from.as_deref().map(encode_path).unzip();
