@@ -1047,6 +1047,54 @@ fn storm(strict_lost_updates: bool) {
 
 // ----- findings, reduced ------------------------------------------------------------------
 
+/// A python agent under `intentfs run` (its own identity) that the test steers line by
+/// line: it prints, the test reads; the test writes a line, it goes on.
+struct Agent {
+    child: std::process::Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+    stdin: Option<std::process::ChildStdin>,
+}
+
+impl Agent {
+    fn start(tm: &TestMount, name: &str, code: &str) -> Agent {
+        let mut child = intentfs()
+            .arg("run")
+            .arg("--mount")
+            .arg(&tm.mnt)
+            .args(["--intent", "ALL", "--agent", name, "--"])
+            .args([python(), "-c", code])
+            .current_dir(&tm.mnt)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let stdin = child.stdin.take();
+        Agent { child, out, stdin }
+    }
+
+    /// The agent's next line, trimmed.
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        std::io::BufRead::read_line(&mut self.out, &mut l).unwrap();
+        l.trim().to_owned()
+    }
+
+    /// Let the agent go on past its next `sys.stdin.readline()`.
+    fn go(&mut self) {
+        use std::io::Write;
+        writeln!(self.stdin.as_mut().unwrap()).unwrap();
+    }
+
+    /// Everything else it prints, once it has exited.
+    fn finish(mut self) -> (String, std::process::ExitStatus) {
+        drop(self.stdin.take());
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut self.out, &mut rest).unwrap();
+        (rest, self.child.wait().unwrap())
+    }
+}
+
 /// Found by the storm: a file written in place whose name is replaced (renamed over) while
 /// the writer's handle is open gets a WRITE entry with an empty path at close, and
 /// `ledger verify` then reports drift for that entry ("now not a regular file").
@@ -1122,29 +1170,13 @@ fn overwrite_after_another_identity_renamed_a_new_version_over_is_refused() {
                 sys.stdin.readline()\n\
                 try:\n    open('d/f', 'w').write('B overwrites\\n')\n    print('ok', flush=True)\n\
                 except OSError as e:\n    print('errno', e.errno, open('.intentfs/last_error').read(), flush=True)\n";
-    let mut b = intentfs()
-        .arg("run")
-        .arg("--mount")
-        .arg(&tm.mnt)
-        .args(["--intent", "ALL", "--agent", "b", "--"])
-        .args([python(), "-c", code])
-        .current_dir(&tm.mnt)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::{BufRead, Write};
-    let mut out = std::io::BufReader::new(b.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "version V");
+    let mut b = Agent::start(&tm, "b", code);
+    assert_eq!(b.line(), "version V");
     // A: write-temp-then-rename a new version W over f.
     std::fs::write(tm.m("d/.f.tmp"), "version W\n").unwrap();
     std::fs::rename(tm.m("d/.f.tmp"), tm.m("d/f")).unwrap();
-    writeln!(b.stdin.take().unwrap()).unwrap();
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
-    b.wait().unwrap();
+    b.go();
+    let (rest, _) = b.finish();
     assert_eq!(tm.ws_bytes("d/f"), b"version W\n", "B overwrote W: {rest}");
     assert!(rest.contains("STALE_FILE"), "{rest}");
 }
@@ -1169,29 +1201,14 @@ fn a_truncation_overtaken_by_another_identity_is_recorded_as_superseded() {
                 try:\n    os.write(fd, b'B writes\\n')\n    print('ok', flush=True)\n\
                 except OSError as e:\n    print('errno', e.errno, flush=True)\n\
                 os.close(fd)\n";
-    let mut b = intentfs()
-        .arg("run")
-        .arg("--mount")
-        .arg(&tm.mnt)
-        .args(["--intent", "ALL", "--agent", "b", "--"])
-        .args([python(), "-c", code])
-        .current_dir(&tm.mnt)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::{BufRead, Write};
-    let mut out = std::io::BufReader::new(b.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "truncated");
+    let mut b = Agent::start(&tm, "b", code);
+    assert_eq!(b.line(), "truncated");
     // A (the mount's default identity) reads the now empty file and writes its version.
     assert_eq!(std::fs::read(tm.m("d/f")).unwrap(), b"");
     std::fs::write(tm.m("d/f"), "A writes\n").unwrap();
-    writeln!(b.stdin.take().unwrap()).unwrap();
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
-    assert!(b.wait().unwrap().success());
+    b.go();
+    let (rest, status) = b.finish();
+    assert!(status.success());
     assert_eq!(rest.trim(), format!("errno {}", libc::EACCES), "{rest}");
     assert_eq!(tm.ws_bytes("d/f"), b"A writes\n");
     // The RELEASE of B's handle is asynchronous: wait for B's entry.
@@ -1244,39 +1261,20 @@ fn a_read_served_from_the_page_cache_still_counts_as_seen() {
                 sys.stdin.readline()\n\
                 try:\n    open('d/f', 'w').write('A overwrites\\n')\n    print('ok', flush=True)\n\
                 except OSError as e:\n    print(json.load(open('.intentfs/last_error'))['code'], flush=True)\n";
-    let mut a = intentfs()
-        .arg("run")
-        .arg("--mount")
-        .arg(&tm.mnt)
-        .args(["--intent", "ALL", "--agent", "a", "--"])
-        .args([python(), "-c", code])
-        .current_dir(&tm.mnt)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::{BufRead, Write};
-    let mut out = std::io::BufReader::new(a.stdout.take().unwrap());
-    let mut stdin = a.stdin.take().unwrap();
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "opened");
+    let mut a = Agent::start(&tm, "a", code);
+    assert_eq!(a.line(), "opened");
     // The default identity reads f through the mount: its read request fills the cache.
     let mut g = std::fs::File::open(tm.m("d/f")).unwrap();
     let mut s = String::new();
     std::io::Read::read_to_string(&mut g, &mut s).unwrap();
     assert_eq!(s, "version 1\n");
-    writeln!(stdin).unwrap();
-    line.clear();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "version 1");
+    a.go();
+    assert_eq!(a.line(), "version 1");
     drop(g);
     // Another version lands; A never saw it.
     std::fs::write(tm.m("d/f"), "version 2\n").unwrap();
-    writeln!(stdin).unwrap();
-    line.clear();
-    out.read_line(&mut line).unwrap();
-    a.wait().unwrap();
-    assert_eq!(line.trim(), "STALE_FILE");
+    a.go();
+    assert_eq!(a.line(), "STALE_FILE");
+    a.finish();
     assert_eq!(tm.ws_bytes("d/f"), b"version 2\n");
 }
