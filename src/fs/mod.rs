@@ -479,6 +479,18 @@ impl Fs {
         op: &str,
         node: &Arc<Node>,
     ) -> Result<(Arc<Identity>, PathBuf)> {
+        let (ident, rels) = self.authorize_node_names(caller, op, node)?;
+        Ok((ident, rels.into_iter().next().unwrap_or_default()))
+    }
+
+    /// [`Fs::authorize_node`], returning every current name of the node (verified
+    /// against the backing directory; never empty).
+    pub(crate) fn authorize_node_names(
+        &self,
+        caller: &Caller,
+        op: &str,
+        node: &Arc<Node>,
+    ) -> Result<(Arc<Identity>, Vec<PathBuf>)> {
         let ident = self.ids.resolve(caller.pid);
         let rels = self.node_rels(node)?;
         for rel in &rels {
@@ -506,7 +518,7 @@ impl Fs {
                 return Err(self.deny(&ident, caller, d));
             }
         }
-        Ok((ident, rels.into_iter().next().unwrap_or_default()))
+        Ok((ident, rels))
     }
 
     /// The ledger's view of the caller.

@@ -136,7 +136,8 @@ impl Fs {
         } else {
             Vec::new()
         };
-        let (ident, rel) = self.authorize_node(caller, op, &node)?;
+        let (ident, rels) = self.authorize_node_names(caller, op, &node)?;
+        let rel = rels[0].clone();
         let fd = self.fd(&node)?;
         if a.size.is_some() {
             // Truncating through the identity's own write handle (`f.truncate()` after
@@ -148,7 +149,6 @@ impl Fs {
             match own {
                 Some(h) => self.before_modify(&h)?,
                 None => {
-                    let rels = self.node_rels(&node)?;
                     self.check_stale_node(&ident, caller, "truncate", &node, &rels, fd.as_fd())?
                 }
             }
@@ -770,6 +770,8 @@ impl Fs {
         let acc = flags & libc::O_ACCMODE;
         let writable = acc != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
         let mut write_rel = None;
+        // The file's names when opened for write (checked under the stale lock).
+        let mut write_rels = None;
         let epoch = self.guard.generation();
         // An open for write holds the file's stale lock from its stale check through the
         // truncation (O_TRUNC) and the handle's setup: a concurrent stale-checked rename,
@@ -778,11 +780,11 @@ impl Fs {
         let mut _stale = Vec::new();
         let ident = if writable {
             _stale = self.table.stale_locks(&[(node.dev, node.ino)]);
-            let (ident, rel) = self.authorize_node(caller, "open-write", &node)?;
-            let rels = self.node_rels(&node)?;
+            let (ident, rels) = self.authorize_node_names(caller, "open-write", &node)?;
             let fd = self.fd(&node)?;
             self.check_stale_node(&ident, caller, "open-write", &node, &rels, fd.as_fd())?;
-            write_rel = Some(rel);
+            write_rel = Some(rels[0].clone());
+            write_rels = Some(rels);
             ident
         } else {
             let ident = self.ids.resolve(caller.pid);
@@ -821,28 +823,16 @@ impl Fs {
         // The names the agent may have reached the file by: its names now, and names it
         // lost a moment ago (the kernel resolved the name before this request came; a
         // name lost longer ago may name another file the agent knows by now).
-        let mut open_rels = match &write_rel {
-            Some(_) => self.node_rels(&node).unwrap_or_default(),
-            None => self.alias_rels(&node),
-        };
+        let mut open_rels = write_rels.unwrap_or_else(|| self.alias_rels(&node));
         // Names the file lost a moment ago to another identity's rename or unlink count
         // too: the kernel may have resolved the agent's path through such a name just
         // before. (Names it lost to this identity's own renames do not: its views moved
         // with them.) A view under a name that now holds another file is conservative: a
         // later overwrite there is refused as stale.
         open_rels.retain(|r| !r.as_os_str().is_empty());
-        for (parent, name, _, when) in node.departed(&ident.key()) {
-            if when.elapsed() > std::time::Duration::from_secs(1) {
-                continue;
-            }
-            if let Some(rel) = self
-                .node(parent)
-                .ok()
-                .and_then(|p| self.child_rel(&p, &name).ok())
-            {
-                if !open_rels.contains(&rel) {
-                    open_rels.push(rel);
-                }
+        for (rel, _, when) in self.departed_rels(&node, &ident.key()) {
+            if when.elapsed() <= std::time::Duration::from_secs(1) && !open_rels.contains(&rel) {
+                open_rels.push(rel);
             }
         }
         let h = FileHandle {

@@ -132,13 +132,7 @@ impl Fs {
         let Some(first) = views.first().map(|(r, _)| r.clone()) else {
             return Ok(());
         };
-        for (parent, name, at, _) in node.departed(&ident.key()) {
-            let Some(p) = self.table.get(parent) else {
-                continue;
-            };
-            let Ok(rel) = self.child_rel(&p, &name) else {
-                continue;
-            };
+        for (rel, at, _) in self.departed_rels(node, &ident.key()) {
             if untracked(&rel) || views.iter().any(|(r, _)| *r == rel) {
                 continue;
             }
@@ -147,6 +141,22 @@ impl Fs {
             }
         }
         self.judge_views(ident, caller, op, &first, fd, views)
+    }
+
+    /// The workspace paths of the names `node` recently lost to identities other than
+    /// `except` (see `Node::departed`), with the tick and the time of each loss.
+    pub(crate) fn departed_rels(
+        &self,
+        node: &Node,
+        except: &str,
+    ) -> Vec<(PathBuf, u64, std::time::Instant)> {
+        node.departed(except)
+            .into_iter()
+            .filter_map(|(parent, name, at, when)| {
+                let p = self.table.get(parent)?;
+                Some((self.child_rel(&p, &name).ok()?, at, when))
+            })
+            .collect()
     }
 
     /// Judge the file behind `fd` against each view; `rel` names it in an `Unread` refusal.
@@ -229,8 +239,6 @@ impl Fs {
         }
     }
 
-    /// The first read through a handle records what the identity saw: the hash of the file
-    /// now (a read from the page cache, or of a large file in several requests).
     /// Record what the file holds now as seen by `h`'s identity, before (or without) any
     /// read request: at open when no request may come (page cache kept, passthrough, an
     /// empty file) or while other handles overlap (see `Fs::note_open`). Once per handle;
@@ -255,20 +263,10 @@ impl Fs {
     /// Record the file's content now as seen by `h`'s identity under the names it was
     /// reached by.
     fn record_content_now(&self, h: &FileHandle, pid: u32, what: &str) {
-        let rels = self.read_rels(h);
-        if rels.is_empty() {
-            tracing::debug!(agent = %h.identity.name, ino = h.node.ino, open_rels = ?h.open_rels, "read not recorded: no name");
-            return;
-        }
-        if let Ok((hash, stamp)) = self.hashes.hash(&h.file) {
-            tracing::debug!(
-                agent = %h.identity.name, rels = ?rels, ino = stamp.ino, size = stamp.size,
-                hash = %hex::encode(&hash[..6]), "{what}"
-            );
-            for rel in &rels {
-                h.identity.saw(rel, pid, Seen { stamp, hash });
-            }
-        }
+        self.record_seen(h, pid, what, || {
+            let (hash, stamp) = self.hashes.hash(&h.file).ok()?;
+            Some(Seen { stamp, hash })
+        });
     }
 
     /// The first read through a handle returned the whole file (`bytes`, read from offset 0
@@ -281,30 +279,45 @@ impl Fs {
         if h.read_recorded.swap(true, Ordering::AcqRel) {
             return;
         }
+        self.record_seen(h, pid, "read recorded (bytes)", || {
+            let hash: [u8; 32] = {
+                use sha2::{Digest, Sha256};
+                Sha256::digest(bytes).into()
+            };
+            let after = sys::stat_fd(h.file.as_fd()).ok().map(|s| stamp_of(&s));
+            let stamp = if after == Some(before) && before.size == bytes.len() as u64 {
+                before
+            } else {
+                Stamp {
+                    ctime: (i64::MIN, 0),
+                    ..before
+                }
+            };
+            Some(Seen { stamp, hash })
+        });
+    }
+
+    /// Record `seen()` (computed only when the handle has a name to record it under) as
+    /// what `h`'s identity saw under every name the file was reached by.
+    fn record_seen(
+        &self,
+        h: &FileHandle,
+        pid: u32,
+        what: &str,
+        seen: impl FnOnce() -> Option<Seen>,
+    ) {
         let rels = self.read_rels(h);
         if rels.is_empty() {
             tracing::debug!(agent = %h.identity.name, ino = h.node.ino, open_rels = ?h.open_rels, "read not recorded: no name");
             return;
         }
-        let hash: [u8; 32] = {
-            use sha2::{Digest, Sha256};
-            Sha256::digest(bytes).into()
-        };
-        let after = sys::stat_fd(h.file.as_fd()).ok().map(|s| stamp_of(&s));
-        let stamp = if after == Some(before) && before.size == bytes.len() as u64 {
-            before
-        } else {
-            Stamp {
-                ctime: (i64::MIN, 0),
-                ..before
-            }
-        };
+        let Some(s) = seen() else { return };
         tracing::debug!(
-            agent = %h.identity.name, rels = ?rels, ino = stamp.ino, size = bytes.len(),
-            hash = %hex::encode(&hash[..6]), "read recorded (bytes)"
+            agent = %h.identity.name, rels = ?rels, ino = s.stamp.ino, size = s.stamp.size,
+            hash = %hex::encode(&s.hash[..6]), "{what}"
         );
         for rel in &rels {
-            h.identity.saw(rel, pid, Seen { stamp, hash });
+            h.identity.saw(rel, pid, s);
         }
     }
 
@@ -383,7 +396,6 @@ impl Fs {
         ))
     }
 
-    /// After a write through `h`: remember the stamp it left.
     /// Whether the file behind `h` changed after the handle's last own change, by someone
     /// other than its identity.
     fn superseded(&self, h: &FileHandle) -> bool {
@@ -405,6 +417,7 @@ impl Fs {
             .is_some_and(|(k, s)| *k == key && *s == cur)
     }
 
+    /// After a write through `h`: remember the stamp it left.
     pub(crate) fn after_write(&self, h: &FileHandle) {
         h.own_writes.store(true, Ordering::Release);
         if let Ok(st) = sys::stat_fd(h.file.as_fd()) {
