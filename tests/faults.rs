@@ -318,16 +318,7 @@ fn full_disk_under_the_workspace_only_is_enospc_and_resumes() {
     let mut acked = Vec::new();
     for i in 0..30 {
         let name = format!("m{i}");
-        let r = std::fs::File::create(tm.m(&name))
-            .and_then(|mut f| f.write_all(&[b'y'; 8192]).map(|_| f))
-            .and_then(|f| {
-                let fd = std::os::fd::IntoRawFd::into_raw_fd(f);
-                if unsafe { libc::close(fd) } == 0 {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
-                }
-            });
+        let r = create_write_close(&tm.m(&name), &[b'y'; 8192]);
         match r {
             Ok(()) => acked.push(name),
             Err(e) => assert_eq!(errno(&e), libc::ENOSPC, "{name}: {e}"),
@@ -393,16 +384,7 @@ fn full_disk_under_the_ledger_only_fails_closed_and_resumes() {
     let mut refused = None;
     for i in 0..300 {
         let name = format!("m{i}");
-        let r = std::fs::File::create(tm.m(&name))
-            .and_then(|mut f| f.write_all(b"hello\n").map(|_| f))
-            .and_then(|f| {
-                let fd = std::os::fd::IntoRawFd::into_raw_fd(f);
-                if unsafe { libc::close(fd) } == 0 {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
-                }
-            });
+        let r = create_write_close(&tm.m(&name), b"hello\n");
         match r {
             Ok(()) => acked.push(name),
             Err(e) => {
@@ -818,4 +800,18 @@ fn non_utf8_names_in_every_kind_of_entry_are_recorded_losslessly() {
     find("RMDIR", dir.as_bytes());
     let v = verify(&tm.ws, None);
     assert_eq!(v["ok"], true, "{v:#}");
+}
+
+/// Create `path`, write `data`, and close it, reporting `close`'s own error (the mount
+/// acknowledges a write at close, after its ledger entry: a full ledger fails it there).
+fn create_write_close(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(data)?;
+    let fd = std::os::fd::IntoRawFd::into_raw_fd(f);
+    // SAFETY: `fd` was just taken from the file and is closed exactly once.
+    if unsafe { libc::close(fd) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }

@@ -12,27 +12,12 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::{json, Value};
 
 // ----- local helpers -------------------------------------------------------------------
-
-/// The real Python interpreter (not a pyenv shim, which depends on `$HOME`).
-fn python() -> &'static str {
-    static PY: OnceLock<String> = OnceLock::new();
-    PY.get_or_init(|| {
-        let out = Command::new("python3")
-            .args(["-c", "import sys; print(sys.executable)"])
-            .output()
-            .expect("python3 is needed by these tests");
-        let p = String::from_utf8(out.stdout).unwrap().trim().to_string();
-        assert!(!p.is_empty(), "python3 did not tell its executable");
-        p
-    })
-}
 
 fn s(v: &[u8]) -> String {
     String::from_utf8_lossy(v).into_owned()

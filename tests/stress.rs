@@ -20,8 +20,7 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
@@ -296,20 +295,6 @@ rec(op="end", ok=True, own={p: hashlib.sha256(b).hexdigest() for p, b in own.ite
 "##;
 
 // ----- helpers --------------------------------------------------------------------------
-
-/// The real Python interpreter (not a pyenv shim, which depends on `$HOME`).
-fn python() -> &'static str {
-    static PY: OnceLock<String> = OnceLock::new();
-    PY.get_or_init(|| {
-        let out = Command::new("python3")
-            .args(["-c", "import sys; print(sys.executable)"])
-            .output()
-            .expect("python3 is needed by these tests");
-        let p = String::from_utf8(out.stdout).unwrap().trim().to_string();
-        assert!(!p.is_empty(), "python3 did not tell its executable");
-        p
-    })
-}
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)

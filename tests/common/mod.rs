@@ -639,3 +639,17 @@ pub fn tree(root: &Path, skip: &[&str]) -> Vec<(String, &'static str, String, u3
     walk(root, root, skip, &mut out);
     out
 }
+
+/// The real Python interpreter (not a pyenv shim, which depends on `$HOME`).
+pub fn python() -> &'static str {
+    static PY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PY.get_or_init(|| {
+        let out = std::process::Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .expect("python3 is needed by these tests");
+        let p = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        assert!(!p.is_empty(), "python3 did not tell its executable");
+        p
+    })
+}
