@@ -210,9 +210,30 @@ fn attr(ino: u64, st: &Stat) -> FileAttr {
     }
 }
 
-fn entry(reply: ReplyEntry, ttl: Duration, r: Result<Entry, FsError>) {
+/// A negative entry: node id 0 tells the kernel the name does not exist (for the TTL).
+fn negative() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
+fn entry(fs: &Fs, reply: ReplyEntry, r: Result<Entry, FsError>) {
     match r {
-        Ok(e) => reply.entry(&ttl, &attr(e.nodeid, &e.st), Generation(0)),
+        Ok(e) => reply.entry(&fs.ttl(), &attr(e.nodeid, &e.st), Generation(0)),
         Err(e) => reply.error(errno(e)),
     }
 }
@@ -295,7 +316,7 @@ where
 /// Entry replies of governed operations: the TTL is taken when the reply is sent.
 fn reply_entry(fs: &Arc<Fs>) -> impl FnOnce(ReplyEntry, Entry) + Send + 'static {
     let fs = fs.clone();
-    move |reply, e| reply.entry(&fs.ttl(), &attr(e.nodeid, &e.st), Generation(0))
+    move |reply, e| entry(&fs, reply, Ok(e))
 }
 
 impl Filesystem for FuseFs {
@@ -336,7 +357,16 @@ impl Filesystem for FuseFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        entry(reply, self.fs.ttl(), self.fs.lookup(parent.0, name));
+        match self.fs.lookup(parent.0, name) {
+            // A name that does not exist is cached too (node id 0 with a TTL): compilers,
+            // `git`, `rg` and interpreters probe many (`.gitignore` in every directory,
+            // include and import paths). Creations through the mount replace the negative
+            // entry; creations outside it are reported like every other change.
+            Err(FsError::Os(libc::ENOENT)) if self.fs.caches_listings() => {
+                reply.entry(&self.fs.ttl(), &negative(), Generation(0))
+            }
+            r => entry(&self.fs, reply, r),
+        }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -346,7 +376,7 @@ impl Filesystem for FuseFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino.0, fh.map(|f| f.0)) {
-            Ok(st) => reply.attr(&self.fs.ttl(), &attr(ino.0, &st)),
+            Ok(st) => reply.attr(&self.fs.ttl(), &attr(self.fs.st_ino(ino.0, &st), &st)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -383,7 +413,7 @@ impl Filesystem for FuseFs {
             self.fs.clone(),
             reply,
             move |fs| fs.setattr(&c, ino, a.clone(), fh),
-            move |r, st| r.attr(&fs2.ttl(), &attr(ino, &st)),
+            move |r, st| r.attr(&fs2.ttl(), &attr(fs2.st_ino(ino, &st), &st)),
         );
     }
 
@@ -593,6 +623,15 @@ impl Filesystem for FuseFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // With every change outside the mount reported, the kernel may keep listings:
+        // ENOSYS makes it stop sending OPENDIR/RELEASEDIR for good and cache what READDIR
+        // returns (FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR); a listing request then comes with
+        // fh 0 (`Fs::readdir` reads from the offset). A walk costs the two requests that
+        // fill a directory's cache instead of four per open, and nothing once cached.
+        if self.fs.caches_listings() {
+            reply.error(Errno::ENOSYS);
+            return;
+        }
         match self.fs.opendir(ino.0) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(errno(e)),

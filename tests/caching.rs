@@ -104,3 +104,160 @@ fn write_while_a_passthrough_reader_is_open() {
     drop(reader);
     assert_eq!(std::fs::read(tm.m("r.txt")).unwrap(), b"new content\n");
 }
+
+/// The status counter of one kind of request the daemon served.
+fn served(tm: &TestMount, what: &str) -> u64 {
+    tm.status()["counters"][what].as_u64().unwrap()
+}
+
+fn names(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Listings and names that do not exist are cached by the kernel (a walk or a probe
+/// repeated does not reach the daemon), and stay true: changes through the mount show at
+/// once, changes behind it as soon as the watcher reports them.
+#[test]
+fn listings_and_missing_names_are_cached_and_kept_fresh() {
+    let tm = TestMount::builder()
+        .policy(ALLOW_ALL)
+        .intent("ALL")
+        .files(&[("d/a.txt", "a\n"), ("d/b.txt", "b\n"), ("d/sub/c.txt", "c\n")])
+        .mount();
+    let d = tm.m("d");
+    assert_eq!(names(&d), ["a.txt", "b.txt", "sub"]);
+    let listed = served(&tm, "listings");
+    assert_eq!(names(&d), ["a.txt", "b.txt", "sub"]);
+    assert_eq!(names(&d), ["a.txt", "b.txt", "sub"]);
+    assert_eq!(served(&tm, "listings"), listed, "a listing repeated reached the daemon");
+
+    assert!(!tm.m("d/.gitignore").exists());
+    let looked = served(&tm, "lookups");
+    for _ in 0..5 {
+        assert!(!tm.m("d/.gitignore").exists());
+    }
+    assert_eq!(served(&tm, "lookups"), looked, "a missing name was looked up again");
+
+    // Through the mount: the kernel updates its own caches.
+    std::fs::write(tm.m("d/.gitignore"), "x\n").unwrap();
+    std::fs::remove_file(tm.m("d/a.txt")).unwrap();
+    std::fs::rename(tm.m("d/b.txt"), tm.m("d/b2.txt")).unwrap();
+    assert_eq!(names(&d), [".gitignore", "b2.txt", "sub"]);
+    assert_eq!(std::fs::read(tm.m("d/.gitignore")).unwrap(), b"x\n");
+
+    // Behind the mount: a missing name appears, a listing changes, a listed directory goes.
+    assert!(!tm.m("d/later.txt").exists());
+    std::fs::write(tm.w("d/later.txt"), "later\n").unwrap();
+    std::fs::rename(tm.w("d/b2.txt"), tm.w("d/b3.txt")).unwrap();
+    assert_eq!(names(&tm.m("d/sub")), ["c.txt"]);
+    std::fs::remove_file(tm.w("d/sub/c.txt")).unwrap();
+    std::fs::remove_dir(tm.w("d/sub")).unwrap();
+    let want = [".gitignore", "b3.txt", "later.txt"];
+    assert!(
+        wait_until(Duration::from_secs(5), || names(&d) == want
+            && tm.m("d/later.txt").exists()
+            && !tm.m("d/sub").exists()),
+        "the mount kept a stale listing: {:?}",
+        names(&d)
+    );
+    assert_eq!(std::fs::read(tm.m("d/later.txt")).unwrap(), b"later\n");
+}
+
+/// `stat` and listings report the workspace's own inode numbers: `git` compares them with
+/// its index, and re-reads every file whose number changed.
+#[test]
+fn inode_numbers_are_the_workspace_ones() {
+    use std::os::unix::fs::DirEntryExt;
+    let tm = TestMount::builder()
+        .policy(ALLOW_ALL)
+        .intent("ALL")
+        .files(&[("d/f.txt", "f\n"), ("g.txt", "g\n")])
+        .mount();
+    std::fs::hard_link(tm.m("d/f.txt"), tm.m("d/link.txt")).unwrap();
+    std::fs::write(tm.m("made.txt"), "through the mount\n").unwrap();
+    std::fs::create_dir(tm.m("newdir")).unwrap();
+    std::fs::rename(tm.m("g.txt"), tm.m("d/g2.txt")).unwrap();
+    for p in ["", "d", "d/f.txt", "d/link.txt", "d/g2.txt", "made.txt", "newdir"] {
+        assert_eq!(
+            TestMount::ino(&tm.m(p)),
+            TestMount::ino(&tm.w(p)),
+            "inode number of '{p}'"
+        );
+    }
+    for e in std::fs::read_dir(tm.m("d")).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name();
+        let rel = format!("d/{}", name.to_string_lossy());
+        assert_eq!(e.ino(), TestMount::ino(&tm.w(&rel)), "listed inode of {rel}");
+    }
+}
+
+/// `git status` through the mount of a repository committed in the workspace itself: the
+/// index's inode numbers and times match, so git reads no file to tell the tree is clean.
+#[test]
+fn git_status_of_a_repo_committed_behind_the_mount_reads_no_file() {
+    const N: usize = 60;
+    let tm = TestMount::builder()
+        .policy(ALLOW_ALL)
+        .intent("ALL")
+        .setup(|ws| {
+            for i in 0..N {
+                std::fs::create_dir_all(ws.join(format!("src/m{}", i % 6))).unwrap();
+                std::fs::write(ws.join(format!("src/m{}/f{i}.rs", i % 6)), format!("// {i}\n"))
+                    .unwrap();
+            }
+        })
+        .mount();
+    // Files older than the index, as in a real checkout (no "racily clean" entries).
+    ok(
+        sh_in(
+            &tm.ws,
+            "find src -type f -exec touch -d '2 hours ago' {} + && git init -q && git add src \
+             && git -c user.name=t -c user.email=t@localhost commit -qm base",
+        ),
+        "git commit in the workspace",
+    );
+    let opens = served(&tm, "opens");
+    let out = ok(sh_in(&tm.m(""), "git status --porcelain -- src"), "git status");
+    assert_eq!(out.trim(), "", "git status through the mount: {out}");
+    let opened = served(&tm, "opens") - opens;
+    assert!(
+        opened < N as u64 / 2,
+        "git status opened {opened} files through the mount for {N} tracked files: it re-read them"
+    );
+}
+
+/// The daemon's own files change without a request (the ledger grows with every write):
+/// `stat` through the mount (`ls -l`, `wc -c`, `tail -f`) does not report a stale cached
+/// size.
+#[test]
+fn the_ledger_seen_through_the_mount_grows_with_it() {
+    let tm = TestMount::builder()
+        .policy(ALLOW_ALL)
+        .intent("ALL")
+        .files(&[("f.txt", "f\n")])
+        .mount();
+    let (m, w) = (
+        tm.m(".orchestration/agent_trace.jsonl"),
+        tm.w(".orchestration/agent_trace.jsonl"),
+    );
+    let len = |p: &std::path::Path| std::fs::metadata(p).unwrap().len();
+    std::fs::write(tm.m("f.txt"), "one\n").unwrap();
+    assert!(wait_until(Duration::from_secs(5), || len(&m) == len(&w)));
+    let before = len(&m);
+    std::fs::write(tm.m("f.txt"), "two\n").unwrap();
+    std::fs::write(tm.m("g.txt"), "new\n").unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || len(&m) > before && len(&m) == len(&w)),
+        "stat through the mount says {} bytes, the ledger has {}",
+        len(&m),
+        len(&w)
+    );
+    let text = std::fs::read_to_string(&m).unwrap();
+    assert!(text.contains("\"g.txt\""), "the new entry is not read through the mount");
+}

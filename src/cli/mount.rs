@@ -497,8 +497,21 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
         threads: plan.args.threads,
         fsname: format!("intentfs:{}", plan.workspace.display()),
     };
-    let mut mounted = Mounted::new(fs, &plan.mountpoint, &spec)
+    let mut mounted = Mounted::new(fs.clone(), &plan.mountpoint, &spec)
         .map_err(|e| anyhow!("mounting {}: {e}", plan.mountpoint.display()))?;
+    // What the daemon writes on its own, not for a request: the kernel hears of those
+    // changes like of changes made outside the mount (its cached size of the ledger, the
+    // listing of `.orchestration/`).
+    for p in [
+        plan.ledger_path.clone(),
+        crate::ledger::writer::head_path(&plan.ledger_path),
+        plan.workspace.join(crate::ledger::DEFAULT_INTENT_MAP),
+        plan.policy_path.clone(),
+        plan.workspace.join(crate::fs::LESSON_FILE),
+    ] {
+        fs.daemon_writes(&p);
+    }
+    drop(fs);
     let pid_file = runtime::hold_pid_file(rt)
         .map_err(|e| tracing::warn!("pid file in {}: {e}", rt.display()))
         .ok();

@@ -5,7 +5,6 @@
 
 use std::io::Write;
 use std::os::fd::{AsFd, FromRawFd};
-use std::os::unix::ffi::OsStrExt;
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -91,7 +90,7 @@ impl Fs {
         let digest = hex::encode(Sha256::digest(output.as_bytes()));
         let marker = format!("<!-- intentfs-lesson {} -->", &digest[..16]);
         let root = self.fd(self.table.root())?;
-        let name = std::ffi::OsStr::from_bytes(b"CLAUDE.md");
+        let name = std::ffi::OsStr::new(super::LESSON_FILE);
         // Dedup: skip when CLAUDE.md already holds this output's lesson.
         if let Ok(fd) = sys::open_path(root.as_fd(), name) {
             if sys::stat_fd(fd.as_fd())
@@ -107,7 +106,7 @@ impl Fs {
                 }
             }
         }
-        let c = std::ffi::CString::new("CLAUDE.md").unwrap_or_default();
+        let c = std::ffi::CString::new(super::LESSON_FILE).unwrap_or_default();
         // SAFETY: valid C string and dirfd; O_NOFOLLOW refuses a symlinked CLAUDE.md.
         let fd = unsafe {
             libc::openat(

@@ -124,10 +124,15 @@ pub enum Handle {
     Control(Arc<Mutex<CtlHandle>>),
 }
 
+/// The file at the workspace root lessons are appended to (see `lesson`).
+pub const LESSON_FILE: &str = "CLAUDE.md";
+
 /// Operation counters for `.intentfs/status`.
 #[derive(Default)]
 pub struct Counters {
     pub lookups: AtomicU64,
+    /// Listing requests (READDIR/READDIRPLUS) of real directories.
+    pub listings: AtomicU64,
     pub opens: AtomicU64,
     pub mutations: AtomicU64,
     pub denials: AtomicU64,
@@ -200,6 +205,19 @@ impl Fs {
             watch: std::sync::OnceLock::new(),
             passthrough: AtomicBool::new(false),
         })
+    }
+
+    /// The inode number `stat` reports for a node: its node id, which is the backing
+    /// file's inode number whenever that is free (see `InodeTable::lookup`), so `git`'s
+    /// index and other tools that remember inode numbers see the workspace's own; and for
+    /// the root (node id 1 by FUSE's rule) the workspace root's. Entry replies carry the
+    /// node id as the number (fuser sends one for both), so this must agree with it.
+    pub fn st_ino(&self, nodeid: u64, st: &sys::Stat) -> u64 {
+        if nodeid == inode::ROOT {
+            st.st_ino
+        } else {
+            nodeid
+        }
     }
 
     // ----- handles -----------------------------------------------------------------

@@ -946,6 +946,7 @@ impl Fs {
             },
             counters: serde_json::json!({
                 "lookups": self.counters.lookups.load(Ordering::Relaxed),
+                "listings": self.counters.listings.load(Ordering::Relaxed),
                 "opens": self.counters.opens.load(Ordering::Relaxed),
                 "mutations": self.counters.mutations.load(Ordering::Relaxed),
                 "denials": self.counters.denials.load(Ordering::Relaxed),
@@ -1307,6 +1308,20 @@ impl Fs {
         Ok(self.add_handle(Handle::Dir(Arc::new(Mutex::new(ds)))))
     }
 
+    /// The stream a listing request reads: the handle's, or (fh 0: the kernel skips
+    /// OPENDIR once the filesystem answered it ENOSYS, see `FuseFs::opendir`) a fresh one
+    /// positioned by the request's offset. Offsets are the backing directory's own `d_off`
+    /// cookies, valid on any descriptor of the directory.
+    fn dir_stream(&self, nodeid: u64, fh: u64) -> Result<Arc<Mutex<sys::DirStream>>> {
+        if fh != 0 {
+            return self.dir_handle(fh);
+        }
+        let node = self.node(nodeid)?;
+        let fd = self.fd(&node)?;
+        let ds = sys::DirStream::open(self.proc_fd.as_fd(), fd.as_fd())?;
+        Ok(Arc::new(Mutex::new(ds)))
+    }
+
     pub fn releasedir(&self, fh: u64) {
         self.take_handle(fh);
     }
@@ -1335,7 +1350,8 @@ impl Fs {
             }
             return Ok(());
         }
-        let d = self.dir_handle(fh)?;
+        self.counters.listings.fetch_add(1, Ordering::Relaxed);
+        let d = self.dir_stream(nodeid, fh)?;
         let mut ds = d.lock();
         // Offsets are the backing directory's own d_off values (ext4 uses i64::MAX as its
         // end marker, so no made-up offset is safe). The virtual `.intentfs` is reachable by
@@ -1407,7 +1423,8 @@ impl Fs {
         if let Ok(dfd) = self.fd(&dir) {
             self.watch_dir_fd(dir.dev, dir.ino, dfd.as_fd());
         }
-        let d = self.dir_handle(fh)?;
+        self.counters.listings.fetch_add(1, Ordering::Relaxed);
+        let d = self.dir_stream(nodeid, fh)?;
         let mut ds = d.lock();
         ds.seek(offset);
         while let Some(e) = ds.next_entry()? {

@@ -13,6 +13,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, OsStr};
+use std::path::Path;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,6 +49,9 @@ const MASK: u64 = libc::FAN_MODIFY
 /// A file handle as fanotify reports it: `handle_type` then the opaque bytes.
 type Fid = Vec<u8>;
 
+/// A name in a directory, by the directory's backing (dev, ino).
+type DirName = ((u64, u64), Vec<u8>);
+
 /// The fanotify group and the directories marked in it.
 pub struct Watcher {
     fan: OwnedFd,
@@ -59,6 +63,10 @@ pub struct Watcher {
     degraded: AtomicBool,
     /// Set once the session exists.
     inval: OnceLock<Box<dyn Invalidate>>,
+    /// Files the daemon itself changes outside any request (ledger, its head, the intent
+    /// map, the policy, `CLAUDE.md`), by backing directory and name: their events are not
+    /// skipped as the daemon's own (the kernel did not ask for those changes).
+    own: Mutex<HashSet<DirName>>,
 }
 
 fn fid_of(dir: BorrowedFd<'_>, name: Option<&OsStr>) -> Option<Fid> {
@@ -90,6 +98,7 @@ impl Watcher {
             by_fid: Mutex::new(HashMap::new()),
             degraded: AtomicBool::new(false),
             inval: OnceLock::new(),
+            own: Mutex::new(HashSet::new()),
         })
     }
 
@@ -100,6 +109,12 @@ impl Watcher {
         } else {
             LONG_TTL
         }
+    }
+
+    /// Invalidations are delivered and every directory could be marked: the kernel may
+    /// cache listings and missing names as long as entries (see [`Fs::caches_listings`]).
+    pub fn live(&self) -> bool {
+        !self.degraded.load(Ordering::Relaxed) && self.inval.get().is_some()
     }
 
     /// Watch the directory `dir_fd/name` (or `dir_fd` itself) whose backing inode is
@@ -200,16 +215,21 @@ fn run(fs: Weak<Fs>, fan: OwnedFd) {
             let pid = i32::from_ne_bytes(ev[20..24].try_into().unwrap());
             if mask & libc::FAN_Q_OVERFLOW != 0 {
                 fs.invalidate_all();
-            } else if pid != me {
-                handle(&fs, mask, &ev[meta_len.min(len)..len]);
+            } else {
+                handle(&fs, mask, pid == me, &ev[meta_len.min(len)..len]);
             }
             off += len;
         }
     }
 }
 
-/// One event's info records: find the directory fid and the name.
-fn handle(fs: &Fs, _mask: u64, mut info: &[u8]) {
+/// Events that change neither a directory's listing nor which inode a name is.
+const CONTENT_ONLY: u64 =
+    libc::FAN_MODIFY | libc::FAN_ATTRIB | libc::FAN_EVENT_ON_CHILD | libc::FAN_ONDIR;
+
+/// One event's info records: find the directory fid and the name. `own`: the daemon made
+/// the change (skipped unless it is one of its own files, see [`Watcher::own`]).
+fn handle(fs: &Fs, mask: u64, own: bool, mut info: &[u8]) {
     while info.len() >= 4 {
         let ty = info[0];
         let len = u16::from_ne_bytes(info[2..4].try_into().unwrap()) as usize;
@@ -243,6 +263,9 @@ fn handle(fs: &Fs, _mask: u64, mut info: &[u8]) {
         let Some(key) = w.by_fid.lock().get(&fid).copied() else {
             continue;
         };
+        if own && !w.own.lock().contains(&(key, name.to_vec())) {
+            continue;
+        }
         let Some(dir) = fs.table.by_backing(key.0, key.1) else {
             continue;
         };
@@ -258,6 +281,9 @@ fn handle(fs: &Fs, _mask: u64, mut info: &[u8]) {
                     inval.inval_inode(child.nodeid);
                 }
             }
+        }
+        if mask & !CONTENT_ONLY == 0 {
+            continue; // the listing and the name's inode are unchanged
         }
         inval.inval_entry(dir.nodeid, name);
         inval.inval_inode(dir.nodeid);
@@ -278,6 +304,28 @@ impl Fs {
     pub(crate) fn watch_dir_fd(&self, dev: u64, ino: u64, fd: BorrowedFd<'_>) {
         if let Some(w) = self.watch.get() {
             w.watch_dir(dev, ino, fd, None);
+        }
+    }
+
+    /// The kernel may cache directory listings and names that do not exist, as long as
+    /// entries: every change outside the mount is reported (see `FuseFs::opendir`).
+    pub fn caches_listings(&self) -> bool {
+        self.watch.get().is_some_and(Watcher::live)
+    }
+
+    /// Files the daemon writes on its own (not for a request): changes to them are
+    /// reported to the kernel like changes made outside the mount.
+    pub fn daemon_writes(&self, path: &Path) {
+        let (Some(w), Some(dir), Some(name)) = (self.watch.get(), path.parent(), path.file_name())
+        else {
+            return;
+        };
+        let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+        if let Ok(st) = std::fs::metadata(dir) {
+            use std::os::unix::fs::MetadataExt;
+            w.own
+                .lock()
+                .insert(((st.dev(), st.ino()), name.as_bytes().to_vec()));
         }
     }
 
