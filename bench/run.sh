@@ -299,10 +299,14 @@ for ((r = 1; r <= ROUNDS; r++)); do
             git -C "$g" -c user.name=bench -c user.email=bench@localhost commit -q -m tree ||
             { fail git_status "$tg" "$r" "setup failed" "git init/add/commit in $g"; continue; }
     done
-    for tg in "${TARGETS[@]}"; do
-        timed git_status "$tg" "$r" "${ACC[$tg]}/r$r/git" wl_git_status || continue
-        grep -q 'nothing to commit, working tree clean' "$logs/git_status.$tg.r$r.out" ||
-            fail git_status "$tg" "$r" "the tree is not clean through $tg" "cd ${ACC[$tg]}/r$r/git && git status" "$logs/git_status.$tg.r$r.out"
+    # Cold (the first look at a repo made behind the mount), then warm (as an agent runs it
+    # again and again).
+    for wl in git_status git_status_warm; do
+        for tg in "${TARGETS[@]}"; do
+            timed "$wl" "$tg" "$r" "${ACC[$tg]}/r$r/git" wl_git_status || continue
+            grep -q 'nothing to commit, working tree clean' "$logs/$wl.$tg.r$r.out" ||
+                fail "$wl" "$tg" "$r" "the tree is not clean through $tg" "cd ${ACC[$tg]}/r$r/git && git status" "$logs/$wl.$tg.r$r.out"
+        done
     done
 
     for tg in "${TARGETS[@]}"; do
@@ -348,9 +352,9 @@ ms() { [[ -n $1 ]] && awk -v u="$1" 'BEGIN { printf(u >= 100000 ? "%.0f" : "%.1f
 ratio() { [[ -n $1 && -n $2 ]] && awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", (b > 0 ? a / b : 0) }' || echo "-"; }
 medlist() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
 
-declare -A GOAL=([tar_x]=4 [find]=1.5 [du]=1.5 [rg]=2.5 [git_status]=1.5 [edit_loop]=2.5
+declare -A GOAL=([tar_x]=4 [find]=1.5 [du]=1.5 [rg]=2.5 [git_status]=1.5 [git_status_warm]=1.5 [edit_loop]=2.5
     [seq_write]=1.1 [seq_read_cold]=1.1 [seq_read_warm]=1.1 [rm_rf]=3 [build]=1.1)
-WLS=(tar_x find du rg git_status edit_loop seq_write seq_read_cold seq_read_warm rm_rf build)
+WLS=(tar_x find du rg git_status git_status_warm edit_loop seq_write seq_read_cold seq_read_warm rm_rf build)
 
 echo
 printf '%-14s %11s %11s %8s %11s %8s %7s %5s %8s\n' workload "native ms" "intentfs ms" ratio "bindfs ms" ratio target met ledger

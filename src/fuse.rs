@@ -8,9 +8,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
     ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::fs::ops::SetAttr;
@@ -335,7 +335,7 @@ impl Filesystem for FuseFs {
             // before every write (one round trip per write).
             | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         let _ = config.add_capabilities(wanted & config.capabilities());
-        let _ = config.set_max_write(1024 * 1024);
+        let _ = config.set_max_write(MAX_IO);
         // Kernel passthrough for read-only opens (FUSE_PASSTHROUGH needs a backing stack
         // depth of at least 1). Opt-in (INTENTFS_PASSTHROUGH=1): kernel 6.18 answers EIO to
         // a non-passthrough (write) open of an inode while a passthrough reader holds it
@@ -707,6 +707,24 @@ impl Filesystem for FuseFs {
         reply.ok();
     }
 
+    /// No ioctl reaches the backing files (`FS_IOC_SETFLAGS` could set the immutable or
+    /// append-only flag behind the policy's back). Answered here rather than by fuser's
+    /// default, which logs a warning for each one: every `isatty()` on a file (Python's
+    /// `open`, for one) sends `TCGETS`.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
+    }
+
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
         match self.fs.statfs(ino.0) {
             Ok(s) => reply.statfs(
@@ -876,6 +894,35 @@ pub struct MountSpec {
 }
 
 /// A live, handshaken FUSE session: the mount exists once this returns.
+/// Reads and writes of up to 1 MiB per request (`set_max_write`).
+const MAX_IO: u32 = 1024 * 1024;
+
+/// The kernel reads ahead 128 KiB on a FUSE mount (the most it offers at INIT): one READ
+/// round trip per 128 KiB of a sequential read. Its backing device's `read_ahead_kb`
+/// (sysfs, writable by root) raises that to what one request may carry. Best effort: the
+/// device is found in /proc/self/mountinfo (a `stat` of the mountpoint would ask this
+/// very filesystem, not serving yet).
+fn raise_readahead(mountpoint: &Path) {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let want = mountpoint.to_string_lossy();
+    // id parent major:minor root mountpoint ... (the last mount there is ours)
+    let dev = info
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.len() > 4 && f[4] == want).then(|| f[2].to_string())
+        })
+        .last();
+    if let Some(dev) = dev {
+        let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
+        if let Err(e) = std::fs::write(&path, format!("{}\n", MAX_IO / 1024)) {
+            tracing::debug!("{path}: {e} (sequential reads use the kernel's 128 KiB)");
+        }
+    }
+}
+
 pub struct Mounted {
     session: fuser::Session<FuseFs>,
 }
@@ -911,6 +958,7 @@ impl Mounted {
         };
         let session = fuser::Session::new(ffs, mountpoint, &cfg)?;
         crate::fs::watch::Watcher::start(&fs, Box::new(Inval(session.notifier())));
+        raise_readahead(mountpoint);
         Ok(Mounted { session })
     }
 

@@ -589,7 +589,7 @@ impl Fs {
             vec![(sys::open_path(fd.as_fd(), OsStr::new("."))?, PathBuf::new())];
         let mut seen = 0usize;
         while let Some((dfd, sub)) = stack.pop() {
-            let mut ds = sys::DirStream::open(self.proc_fd.as_fd(), dfd.as_fd())?;
+            let mut ds = sys::DirStream::open(dfd.as_fd())?;
             while let Some(e) = ds.next_entry()? {
                 if e.name == b"." || e.name == b".." {
                     continue;
@@ -1304,7 +1304,7 @@ impl Fs {
         }
         let node = self.node(nodeid)?;
         let fd = self.fd(&node)?;
-        let ds = sys::DirStream::open(self.proc_fd.as_fd(), fd.as_fd())?;
+        let ds = sys::DirStream::open(fd.as_fd())?;
         Ok(self.add_handle(Handle::Dir(Arc::new(Mutex::new(ds)))))
     }
 
@@ -1318,7 +1318,7 @@ impl Fs {
         }
         let node = self.node(nodeid)?;
         let fd = self.fd(&node)?;
-        let ds = sys::DirStream::open(self.proc_fd.as_fd(), fd.as_fd())?;
+        let ds = sys::DirStream::open(fd.as_fd())?;
         Ok(Arc::new(Mutex::new(ds)))
     }
 

@@ -558,9 +558,17 @@ pub struct DirEntry {
 
 impl DirStream {
     /// Open the directory behind an `O_PATH` handle for reading.
-    pub fn open(proc_fd: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<DirStream> {
-        let file = reopen(proc_fd, fd, libc::O_RDONLY | libc::O_DIRECTORY)?;
-        let raw = std::os::fd::IntoRawFd::into_raw_fd(file);
+    pub fn open(fd: BorrowedFd<'_>) -> io::Result<DirStream> {
+        // "." relative to the directory's own handle: the same inode, without the procfs
+        // lookup a reopen through /proc/self/fd costs.
+        // SAFETY: valid C string and dirfd; the new fd is ours.
+        let raw = check(unsafe {
+            libc::openat(
+                fd.as_raw_fd(),
+                c".".as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        })?;
         // SAFETY: fdopendir takes ownership of `raw` on success.
         let dir = unsafe { libc::fdopendir(raw) };
         if dir.is_null() {
