@@ -910,11 +910,11 @@ fn raise_readahead(mountpoint: &Path) {
     // id parent major:minor root mountpoint ... (the last mount there is ours)
     let dev = info
         .lines()
-        .filter_map(|l| {
+        .rev()
+        .find_map(|l| {
             let f: Vec<&str> = l.split(' ').collect();
             (f.len() > 4 && f[4] == want).then(|| f[2].to_string())
-        })
-        .last();
+        });
     if let Some(dev) = dev {
         let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
         if let Err(e) = std::fs::write(&path, format!("{}\n", MAX_IO / 1024)) {
