@@ -435,6 +435,24 @@ fn chain_break_in_the_middle_is_reported_at_open_not_repaired() {
     assert_eq!(verify_chain(&p).unwrap().findings.len(), 1);
 }
 
+/// `umount /mnt && mount /mnt`: the new daemon waits for the old one to close the ledger.
+#[test]
+fn a_second_writer_waits_for_one_that_is_closing() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("l.jsonl");
+    let (l, _) = open(&p);
+    l.record(draft(MutationType::Write, "a")).unwrap();
+    let closing = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        l.shutdown();
+    });
+    let (l2, _) = Ledger::open(&p, LedgerOptions::default()).expect("waited for the first writer");
+    closing.join().unwrap();
+    l2.record(draft(MutationType::Write, "b")).unwrap();
+    l2.shutdown();
+    assert!(verify_chain(&p).unwrap().findings.is_empty());
+}
+
 #[test]
 fn a_second_writer_is_refused_until_the_first_shuts_down() {
     let dir = tempfile::tempdir().unwrap();

@@ -42,6 +42,9 @@ const RETRY_EVERY: Duration = Duration::from_millis(100);
 /// How long shutdown keeps retrying a failing disk before giving up (and logging).
 const SHUTDOWN_RETRY_FOR: Duration = Duration::from_secs(10);
 /// A torn tail longer than this is not a torn write: refuse to cut it.
+/// How long opening a ledger waits for another process to release it (a daemon that was
+/// just unmounted closes its ledger last).
+const LOCK_WAIT: Duration = Duration::from_secs(5);
 const MAX_TORN_TAIL: u64 = 4 * 1024 * 1024;
 
 /// Errors of the ledger.
@@ -223,15 +226,27 @@ impl Ledger {
             .custom_flags(libc::O_CLOEXEC)
             .open(path)
             .map_err(io_err)?;
-        // One writer per ledger: a second daemon appending would fork the chain.
-        let mut file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(f) => f,
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
-                return Err(LedgerError::InUse {
-                    path: path.to_path_buf(),
-                })
+        // One writer per ledger: a second daemon appending would fork the chain. A daemon
+        // just unmounted (`umount /mnt && mount /mnt`) still closes its ledger for a moment:
+        // wait a little for it before calling the ledger in use.
+        let deadline = Instant::now() + LOCK_WAIT;
+        let mut file = file;
+        let mut file = loop {
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(f) => break f,
+                Err((f, nix::errno::Errno::EWOULDBLOCK))
+                    if Instant::now() < deadline =>
+                {
+                    file = f;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                    return Err(LedgerError::InUse {
+                        path: path.to_path_buf(),
+                    })
+                }
+                Err((_, e)) => return Err(io_err(io::Error::from(e))),
             }
-            Err((_, e)) => return Err(io_err(io::Error::from(e))),
         };
         let scan = scan(&mut file).map_err(io_err)?;
         let mut classes = scan.classes;
