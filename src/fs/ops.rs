@@ -72,9 +72,17 @@ impl Fs {
         let p = self.node(parent)?;
         let pfd = self.fd(&p)?;
         self.watch_dir_fd(p.dev, p.ino, pfd.as_fd());
-        let fd = sys::open_path(pfd.as_fd(), name)?;
-        let st = sys::stat_fd(fd.as_fd())?;
-        let node = self.table.lookup(parent, name, Some(fd), &st);
+        // A file's handle is opened when something needs it (`InodeTable::fd` re-resolves
+        // the name and checks the inode): a lookup alone (`stat`, `git status`, `find`)
+        // costs one fstatat. Directories keep theirs: their children are looked up from it.
+        let st = sys::stat_at(pfd.as_fd(), name)?;
+        let (st, fd) = if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            let fd = sys::open_path(pfd.as_fd(), name)?;
+            (sys::stat_fd(fd.as_fd())?, Some(fd))
+        } else {
+            (st, None)
+        };
+        let node = self.table.lookup(parent, name, fd, &st);
         Ok(Entry {
             nodeid: node.nodeid,
             st,
