@@ -166,6 +166,25 @@ fn listings_and_missing_names_are_cached_and_kept_fresh() {
         names(&d)
     );
     assert_eq!(std::fs::read(tm.m("d/later.txt")).unwrap(), b"later\n");
+
+    // A listing longer than one request (read from each request's offset on a fresh
+    // descriptor of the directory) is whole and without repeats.
+    std::fs::create_dir(tm.m("long")).unwrap();
+    for i in 0..400 {
+        let name = format!("long/{i:04}-{}", "n".repeat(120));
+        if i % 2 == 0 {
+            std::fs::write(tm.m(&name), "x").unwrap();
+        } else {
+            std::fs::write(tm.w(&name), "x").unwrap();
+        }
+    }
+    let want = names(&tm.w("long"));
+    assert_eq!(want.len(), 400);
+    assert!(
+        wait_until(Duration::from_secs(5), || names(&tm.m("long")) == want),
+        "a long listing through the mount differs: {} names",
+        names(&tm.m("long")).len()
+    );
 }
 
 /// `stat` and listings report the workspace's own inode numbers: `git` compares them with
@@ -260,4 +279,41 @@ fn the_ledger_seen_through_the_mount_grows_with_it() {
     );
     let text = std::fs::read_to_string(&m).unwrap();
     assert!(text.contains("\"g.txt\""), "the new entry is not read through the mount");
+}
+
+/// Without a watcher (no CAP_SYS_ADMIN for fanotify) nothing is cached that a change
+/// behind the mount could make wrong for long: listings are read on every open and
+/// missing names are looked up again; entries expire after 1 s.
+#[test]
+fn without_a_watcher_listings_and_missing_names_are_not_cached() {
+    let tm = TestMount::builder()
+        .policy(ALLOW_ALL)
+        .intent("ALL")
+        .env("INTENTFS_NO_FANOTIFY", "1")
+        .files(&[("d/a.txt", "a\n"), ("d/sub/c.txt", "c\n")])
+        .mount();
+    let d = tm.m("d");
+    assert_eq!(names(&d), ["a.txt", "sub"]);
+    let listed = served(&tm, "listings");
+    assert_eq!(names(&d), ["a.txt", "sub"]);
+    assert!(served(&tm, "listings") > listed, "a listing was cached without a watcher");
+    assert!(!tm.m("d/new.txt").exists());
+    let looked = served(&tm, "lookups");
+    assert!(!tm.m("d/new.txt").exists());
+    assert!(served(&tm, "lookups") > looked, "a missing name was cached without a watcher");
+    // Through the mount and behind it: listings (read through OPENDIR handles) are right.
+    std::fs::write(tm.m("d/m.txt"), "m\n").unwrap();
+    std::fs::remove_file(tm.m("d/a.txt")).unwrap();
+    assert_eq!(names(&d), ["m.txt", "sub"]);
+    std::fs::write(tm.w("d/new.txt"), "new\n").unwrap();
+    assert_eq!(names(&d), ["m.txt", "new.txt", "sub"]);
+    assert!(
+        wait_until(Duration::from_secs(3), || tm.m("d/new.txt").exists()),
+        "a file made behind the mount never showed"
+    );
+    // A long listing, read in several requests through one handle.
+    for i in 0..300 {
+        std::fs::write(tm.m(&format!("d/sub/f{i:03}.txt")), "x").unwrap();
+    }
+    assert_eq!(names(&tm.m("d/sub")).len(), 301);
 }

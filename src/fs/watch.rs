@@ -83,6 +83,11 @@ fn fid_of(dir: BorrowedFd<'_>, name: Option<&OsStr>) -> Option<Fid> {
 impl Watcher {
     /// A fanotify group, or None when the kernel refuses one.
     pub fn new() -> Option<Watcher> {
+        // As without CAP_SYS_ADMIN (tests of the fallback; README "Speed").
+        if std::env::var_os("INTENTFS_NO_FANOTIFY").is_some_and(|v| v == "1") {
+            tracing::info!("INTENTFS_NO_FANOTIFY=1: short cache TTLs, listings not cached");
+            return None;
+        }
         let fan = sys::fanotify_init(
             libc::FAN_CLASS_NOTIF
                 | libc::FAN_CLOEXEC

@@ -135,6 +135,7 @@ pub struct Builder {
     setup: Vec<Setup>,
     daemonize: bool,
     shm: bool,
+    envs: Vec<(OsString, OsString)>,
 }
 
 impl Builder {
@@ -175,6 +176,11 @@ impl Builder {
     /// files there is much faster than on a journaling disk.
     pub fn on_tmpfs(mut self) -> Self {
         self.shm = true;
+        self
+    }
+    /// An environment variable for the daemon.
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.envs.push((k.into(), v.into()));
         self
     }
     /// Use the daemonizing `intentfs mount` (no `--foreground`).
@@ -249,6 +255,7 @@ impl Builder {
             mnt,
             root,
             args,
+            envs: self.envs,
             daemonize: self.daemonize,
             child: None,
             seen_denials: AtomicU64::new(0),
@@ -268,6 +275,7 @@ pub struct TestMount {
     /// The temp directory holding both (and the daemon's stderr).
     pub root: PathBuf,
     args: Vec<OsString>,
+    envs: Vec<(OsString, OsString)>,
     daemonize: bool,
     child: Option<Child>,
     seen_denials: AtomicU64,
@@ -285,6 +293,7 @@ impl TestMount {
             setup: Vec::new(),
             daemonize: false,
             shm: false,
+            envs: Vec::new(),
         }
     }
 
@@ -305,7 +314,7 @@ impl TestMount {
             .open(self.stderr_path())
             .unwrap();
         let mut cmd = intentfs();
-        cmd.args(&self.args);
+        cmd.args(&self.args).envs(self.envs.iter().map(|(k, v)| (k, v)));
         if self.daemonize {
             cmd.arg("--log").arg(self.stderr_path());
             cmd.arg(&self.ws).arg(&self.mnt);
