@@ -8,9 +8,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek,
-    ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
 
 use crate::fs::ops::SetAttr;
@@ -908,13 +909,10 @@ fn raise_readahead(mountpoint: &Path) {
     };
     let want = mountpoint.to_string_lossy();
     // id parent major:minor root mountpoint ... (the last mount there is ours)
-    let dev = info
-        .lines()
-        .rev()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            (f.len() > 4 && f[4] == want).then(|| f[2].to_string())
-        });
+    let dev = info.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.len() > 4 && f[4] == want).then(|| f[2].to_string())
+    });
     if let Some(dev) = dev {
         let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
         if let Err(e) = std::fs::write(&path, format!("{}\n", MAX_IO / 1024)) {

@@ -19,15 +19,7 @@ fn changes_behind_the_mount_are_seen_despite_long_ttls() {
     // Warm the kernel caches: entries, attributes, pages.
     assert_eq!(std::fs::read(tm.m("d/f.txt")).unwrap(), b"one\n");
     assert_eq!(std::fs::metadata(tm.m("d/f.txt")).unwrap().len(), 4);
-    let names = |p: &str| {
-        let mut v: Vec<String> = std::fs::read_dir(tm.m(p))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    };
-    assert_eq!(names("d"), ["f.txt"]);
+    assert_eq!(names(&tm.m("d")), ["f.txt"]);
     // A human edits, adds, removes and renames directly in the workspace.
     std::fs::write(tm.w("d/f.txt"), "second version\n").unwrap();
     std::fs::write(tm.w("d/new.txt"), "new\n").unwrap();
@@ -42,7 +34,7 @@ fn changes_behind_the_mount_are_seen_despite_long_ttls() {
             && tm.m("e").is_dir()
     });
     assert!(fresh, "the mount kept serving cached state");
-    assert_eq!(names("d"), ["f.txt", "new.txt"]);
+    assert_eq!(names(&tm.m("d")), ["f.txt", "new.txt"]);
     // And later, long after the change: still fresh (no TTL expiry needed).
     std::fs::write(tm.w("d/f.txt"), "3\n").unwrap();
     assert!(wait_until(Duration::from_millis(900), || std::fs::read(
@@ -127,21 +119,33 @@ fn listings_and_missing_names_are_cached_and_kept_fresh() {
     let tm = TestMount::builder()
         .policy(ALLOW_ALL)
         .intent("ALL")
-        .files(&[("d/a.txt", "a\n"), ("d/b.txt", "b\n"), ("d/sub/c.txt", "c\n")])
+        .files(&[
+            ("d/a.txt", "a\n"),
+            ("d/b.txt", "b\n"),
+            ("d/sub/c.txt", "c\n"),
+        ])
         .mount();
     let d = tm.m("d");
     assert_eq!(names(&d), ["a.txt", "b.txt", "sub"]);
     let listed = served(&tm, "listings");
     assert_eq!(names(&d), ["a.txt", "b.txt", "sub"]);
     assert_eq!(names(&d), ["a.txt", "b.txt", "sub"]);
-    assert_eq!(served(&tm, "listings"), listed, "a listing repeated reached the daemon");
+    assert_eq!(
+        served(&tm, "listings"),
+        listed,
+        "a listing repeated reached the daemon"
+    );
 
     assert!(!tm.m("d/.gitignore").exists());
     let looked = served(&tm, "lookups");
     for _ in 0..5 {
         assert!(!tm.m("d/.gitignore").exists());
     }
-    assert_eq!(served(&tm, "lookups"), looked, "a missing name was looked up again");
+    assert_eq!(
+        served(&tm, "lookups"),
+        looked,
+        "a missing name was looked up again"
+    );
 
     // Through the mount: the kernel updates its own caches.
     std::fs::write(tm.m("d/.gitignore"), "x\n").unwrap();
@@ -201,7 +205,15 @@ fn inode_numbers_are_the_workspace_ones() {
     std::fs::write(tm.m("made.txt"), "through the mount\n").unwrap();
     std::fs::create_dir(tm.m("newdir")).unwrap();
     std::fs::rename(tm.m("g.txt"), tm.m("d/g2.txt")).unwrap();
-    for p in ["", "d", "d/f.txt", "d/link.txt", "d/g2.txt", "made.txt", "newdir"] {
+    for p in [
+        "",
+        "d",
+        "d/f.txt",
+        "d/link.txt",
+        "d/g2.txt",
+        "made.txt",
+        "newdir",
+    ] {
         assert_eq!(
             TestMount::ino(&tm.m(p)),
             TestMount::ino(&tm.w(p)),
@@ -212,7 +224,11 @@ fn inode_numbers_are_the_workspace_ones() {
         let e = e.unwrap();
         let name = e.file_name();
         let rel = format!("d/{}", name.to_string_lossy());
-        assert_eq!(e.ino(), TestMount::ino(&tm.w(&rel)), "listed inode of {rel}");
+        assert_eq!(
+            e.ino(),
+            TestMount::ino(&tm.w(&rel)),
+            "listed inode of {rel}"
+        );
     }
 }
 
@@ -227,8 +243,11 @@ fn git_status_of_a_repo_committed_behind_the_mount_reads_no_file() {
         .setup(|ws| {
             for i in 0..N {
                 std::fs::create_dir_all(ws.join(format!("src/m{}", i % 6))).unwrap();
-                std::fs::write(ws.join(format!("src/m{}/f{i}.rs", i % 6)), format!("// {i}\n"))
-                    .unwrap();
+                std::fs::write(
+                    ws.join(format!("src/m{}/f{i}.rs", i % 6)),
+                    format!("// {i}\n"),
+                )
+                .unwrap();
             }
         })
         .mount();
@@ -242,7 +261,10 @@ fn git_status_of_a_repo_committed_behind_the_mount_reads_no_file() {
         "git commit in the workspace",
     );
     let opens = served(&tm, "opens");
-    let out = ok(sh_in(&tm.m(""), "git status --porcelain -- src"), "git status");
+    let out = ok(
+        sh_in(&tm.m(""), "git status --porcelain -- src"),
+        "git status",
+    );
     assert_eq!(out.trim(), "", "git status through the mount: {out}");
     let opened = served(&tm, "opens") - opens;
     assert!(
@@ -272,13 +294,17 @@ fn the_ledger_seen_through_the_mount_grows_with_it() {
     std::fs::write(tm.m("f.txt"), "two\n").unwrap();
     std::fs::write(tm.m("g.txt"), "new\n").unwrap();
     assert!(
-        wait_until(Duration::from_secs(5), || len(&m) > before && len(&m) == len(&w)),
+        wait_until(Duration::from_secs(5), || len(&m) > before
+            && len(&m) == len(&w)),
         "stat through the mount says {} bytes, the ledger has {}",
         len(&m),
         len(&w)
     );
     let text = std::fs::read_to_string(&m).unwrap();
-    assert!(text.contains("\"g.txt\""), "the new entry is not read through the mount");
+    assert!(
+        text.contains("\"g.txt\""),
+        "the new entry is not read through the mount"
+    );
 }
 
 /// Without a watcher (no CAP_SYS_ADMIN for fanotify) nothing is cached that a change
@@ -296,11 +322,17 @@ fn without_a_watcher_listings_and_missing_names_are_not_cached() {
     assert_eq!(names(&d), ["a.txt", "sub"]);
     let listed = served(&tm, "listings");
     assert_eq!(names(&d), ["a.txt", "sub"]);
-    assert!(served(&tm, "listings") > listed, "a listing was cached without a watcher");
+    assert!(
+        served(&tm, "listings") > listed,
+        "a listing was cached without a watcher"
+    );
     assert!(!tm.m("d/new.txt").exists());
     let looked = served(&tm, "lookups");
     assert!(!tm.m("d/new.txt").exists());
-    assert!(served(&tm, "lookups") > looked, "a missing name was cached without a watcher");
+    assert!(
+        served(&tm, "lookups") > looked,
+        "a missing name was cached without a watcher"
+    );
     // Through the mount and behind it: listings (read through OPENDIR handles) are right.
     std::fs::write(tm.m("d/m.txt"), "m\n").unwrap();
     std::fs::remove_file(tm.m("d/a.txt")).unwrap();

@@ -1077,9 +1077,11 @@ fn git_objects_stay_writable() {
     // before it exists) and the intent map may differ.
     let status = tm.sh_ok("git status --porcelain");
     assert!(
-        status.lines().all(|l| l.ends_with(".orchestration/agent_trace.jsonl")
-            || l.ends_with(".orchestration/agent_trace.jsonl.head")
-            || l.contains(".orchestration/intent_map.md")),
+        status
+            .lines()
+            .all(|l| l.ends_with(".orchestration/agent_trace.jsonl")
+                || l.ends_with(".orchestration/agent_trace.jsonl.head")
+                || l.contains(".orchestration/intent_map.md")),
         "{status}"
     );
     // Seen from the workspace as well.

@@ -1310,3 +1310,79 @@ fn sha256sum_of_bytes(b: &[u8]) -> String {
     use sha2::Digest;
     format!("sha256:{}", hex::encode(sha2::Sha256::digest(b)))
 }
+
+/// The WRITE entry's hash of the file, waited for.
+fn write_hash(tm: &TestMount, rel: &str) -> String {
+    let e = tm.wait_ledger("WRITE", |e| {
+        e["mutation_type"] == "WRITE" && e["path"] == rel
+    });
+    e["content_hash"].as_str().unwrap().to_string()
+}
+
+fn hashed_bytes(tm: &TestMount) -> u64 {
+    tm.status()["counters"]["hashed_bytes"].as_u64().unwrap()
+}
+
+/// A large file written front to back is hashed while it is written (no second pass at
+/// close), and the hash is the file's; any other way of writing it falls back to hashing
+/// the file at close, with the same result.
+#[test]
+fn large_files_are_hashed_as_written_and_the_hash_is_the_files() {
+    let tm = TestMount::builder()
+        .policy(ALLOW_ALL)
+        .intent("ALL")
+        .files(&[("keep.txt", "k\n")])
+        .mount();
+    // In order (dd, 24 x 1 MiB): the daemon reads nothing back to hash it.
+    let before = hashed_bytes(&tm);
+    tm.sh_ok("dd if=/dev/urandom of=big.bin bs=1M count=24 status=none");
+    assert_eq!(write_hash(&tm, "big.bin"), sha256sum(&tm.w("big.bin")));
+    let hashed = hashed_bytes(&tm) - before;
+    assert!(
+        hashed < 4 << 20,
+        "the daemon hashed {hashed} bytes at close for a file written in order"
+    );
+    // Out of order: the start rewritten after 12 MiB.
+    tm.sh_ok(&format!(
+        "{} -c \"import os\nf = open('seek.bin', 'wb')\nf.write(os.urandom(12 << 20))\nf.seek(0)\nf.write(b'X' * 100)\nf.seek(0, 2)\nf.write(os.urandom(1 << 20))\nf.close()\"",
+        python()
+    ));
+    assert_eq!(write_hash(&tm, "seek.bin"), sha256sum(&tm.w("seek.bin")));
+    // The same agent changes the start through a second handle, then the first goes on
+    // writing at the end: the in-order hash no longer holds.
+    tm.sh_ok(&format!(
+        "{} -c \"import os\nf = open('two.bin', 'wb', buffering=0)\nf.write(os.urandom(8 << 20))\ng = open('two.bin', 'r+b', buffering=0)\ng.write(b'Y' * 10)\ng.close()\nf.write(os.urandom(1 << 20))\nf.close()\"",
+        python()
+    ));
+    let two = tm.ledger();
+    let last = two
+        .iter()
+        .rev()
+        .find(|e| e["mutation_type"] == "WRITE" && e["path"] == "two.bin")
+        .expect("WRITE two.bin");
+    assert_eq!(
+        last["content_hash"].as_str().unwrap(),
+        sha256sum(&tm.w("two.bin"))
+    );
+    // Changed behind the mount before the handle closed: the entry says so and claims no
+    // content (the in-order hash would be of what the agent wrote, not of what is there).
+    let mut f = std::fs::File::create(tm.m("outside.bin")).unwrap();
+    let chunk = vec![7u8; 1 << 20];
+    for _ in 0..8 {
+        f.write_all(&chunk).unwrap();
+    }
+    {
+        use std::os::unix::fs::FileExt;
+        let w = std::fs::OpenOptions::new()
+            .write(true)
+            .open(tm.w("outside.bin"))
+            .unwrap();
+        w.write_all_at(b"changed behind the mount", 100).unwrap();
+    }
+    drop(f);
+    let e = tm.wait_ledger("WRITE outside.bin", |e| {
+        e["mutation_type"] == "WRITE" && e["path"] == "outside.bin"
+    });
+    assert_eq!(e["detail"]["superseded"], true, "{e:#}");
+    assert!(e["content_hash"].is_null(), "{e:#}");
+}

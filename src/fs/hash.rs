@@ -126,3 +126,127 @@ pub fn read_small(file: &File, limit: u64) -> Option<Vec<u8>> {
     out.truncate(off);
     Some(out)
 }
+
+/// Below this many bytes written in order, a file is hashed at close as any other.
+const SEQ_MIN: u64 = 4 * 1024 * 1024;
+
+/// The content hash of a file written front to back through one handle, taken while it
+/// is written: past [`SEQ_MIN`] bytes a helper thread reads each written range back (from
+/// the page cache, behind the writer) and hashes it on another core, so closing a large
+/// file does not hash it all at once. Only for a handle that found the file empty; a
+/// write anywhere but at the end, a truncation, `fallocate`, `copy_file_range`, or anyone
+/// else's change in between turns it off, and the file is hashed at close as before.
+#[derive(Default)]
+pub enum SeqHash {
+    #[default]
+    Off,
+    /// `len` bytes written, all in order from offset 0.
+    On { len: u64, worker: Option<SeqWorker> },
+}
+
+/// The helper thread of one [`SeqHash`]: told how far the file is written, it hashes up
+/// to there; told to finish, it answers the hash of the first `len` bytes.
+pub struct SeqWorker {
+    tx: crossbeam_channel::Sender<(u64, bool)>,
+    done: crossbeam_channel::Receiver<io::Result<[u8; 32]>>,
+}
+
+impl SeqWorker {
+    fn spawn(file: File) -> io::Result<SeqWorker> {
+        let (tx, rx) = crossbeam_channel::unbounded::<(u64, bool)>();
+        let (dtx, done) = crossbeam_channel::bounded(1);
+        std::thread::Builder::new()
+            .name("intentfs-seqhash".into())
+            .spawn(move || {
+                let mut hasher = Sha256::new();
+                let mut buf = vec![0u8; BUF];
+                let mut off = 0u64;
+                // Ends when the handle drops its worker (the channel closes).
+                while let Ok((upto, finish)) = rx.recv() {
+                    let r = (|| {
+                        while off < upto {
+                            let want = ((upto - off) as usize).min(BUF);
+                            let n = match file.read_at(&mut buf[..want], off) {
+                                Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+                                Ok(n) => n,
+                                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                                Err(e) => return Err(e),
+                            };
+                            hasher.update(&buf[..n]);
+                            off += n as u64;
+                        }
+                        Ok(())
+                    })();
+                    if finish || r.is_err() {
+                        let _ = dtx.send(r.map(|()| hasher.clone().finalize().into()));
+                        return;
+                    }
+                }
+            })?;
+        Ok(SeqWorker { tx, done })
+    }
+}
+
+impl SeqHash {
+    /// A handle opened on an empty file: follow what it writes.
+    pub fn start() -> SeqHash {
+        SeqHash::On {
+            len: 0,
+            worker: None,
+        }
+    }
+
+    /// The handle wrote `n` bytes at `offset`; `undisturbed`: nobody changed the file
+    /// between this handle's previous write and this one. `reader` opens the file for
+    /// the helper thread when one is needed.
+    pub fn wrote(
+        &mut self,
+        offset: u64,
+        n: u64,
+        undisturbed: bool,
+        reader: impl FnOnce() -> Option<File>,
+    ) {
+        let SeqHash::On { len, worker } = self else {
+            return;
+        };
+        if !undisturbed || offset != *len {
+            *self = SeqHash::Off;
+            return;
+        }
+        *len += n;
+        if worker.is_none() && *len >= SEQ_MIN {
+            match reader().map(SeqWorker::spawn) {
+                Some(Ok(w)) => *worker = Some(w),
+                _ => {
+                    *self = SeqHash::Off;
+                    return;
+                }
+            }
+        }
+        if let Some(w) = worker {
+            if w.tx.send((*len, false)).is_err() {
+                *self = SeqHash::Off;
+            }
+        }
+    }
+
+    /// Stop following (the handle changed the file other than by writing at its end).
+    pub fn off(&mut self) {
+        *self = SeqHash::Off;
+    }
+
+    /// The hash of the `size` bytes written, if they are all this handle wrote in order
+    /// (and a helper thread followed them); turns tracking off either way.
+    pub fn finish(&mut self, size: u64) -> Option<[u8; 32]> {
+        match std::mem::take(self) {
+            SeqHash::On {
+                len,
+                worker: Some(w),
+            } if len == size => {
+                w.tx.send((len, true)).ok()?;
+                w.done.recv().ok()?.ok()
+            }
+            _ => None,
+        }
+    }
+}

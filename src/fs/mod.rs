@@ -108,6 +108,12 @@ pub struct FileHandle {
     /// under them too, even if another identity renames the file over or away before the
     /// first read (the agent reached the file through one of them).
     pub open_rels: Vec<PathBuf>,
+    /// The content hash taken while the handle writes the file front to back (large
+    /// files: no full hashing at close).
+    pub seq: Mutex<hash::SeqHash>,
+    /// The last write check found the file changed since this handle's previous write
+    /// (by anyone, the identity included): the in-order hash no longer holds.
+    pub disturbed: AtomicBool,
 }
 
 /// An open control file: its rendered content, and what was written to it.

@@ -184,6 +184,7 @@ impl Fs {
                 .filter(|h| h.writable)
             {
                 Some(h) => {
+                    h.seq.lock().off();
                     h.file.set_len(size)?;
                     if caller.uid != 0 && a.mode.is_none() {
                         self.kill_suidgid(h.file.as_fd(), caller);
@@ -862,6 +863,8 @@ impl Fs {
             own_writes: AtomicBool::new(false),
             last_rel: Mutex::new(write_rel.clone().unwrap_or_default()),
             open_rels,
+            seq: Mutex::new(Default::default()),
+            disturbed: AtomicBool::new(false),
         };
         let mut keep_cache = false;
         let mut passthrough = false;
@@ -958,6 +961,7 @@ impl Fs {
                 "opens": self.counters.opens.load(Ordering::Relaxed),
                 "mutations": self.counters.mutations.load(Ordering::Relaxed),
                 "denials": self.counters.denials.load(Ordering::Relaxed),
+                "hashed_bytes": self.hashes.bytes.load(Ordering::Relaxed),
             }),
         }
     }
@@ -1022,6 +1026,8 @@ impl Fs {
             own_writes: AtomicBool::new(false),
             last_rel: Mutex::new(rel.clone()),
             open_rels: vec![rel.clone()],
+            seq: Mutex::new(Default::default()),
+            disturbed: AtomicBool::new(false),
         };
         self.prepare_write_handle(&h, &rel);
         let h = Arc::new(h);
@@ -1142,10 +1148,22 @@ impl Fs {
         // write (see `InodeTable::stale_locks`).
         let _stale = self.table.stale_locks(&[(h.node.dev, h.node.ino)]);
         self.before_modify(&h)?;
+        let undisturbed = !h.disturbed.swap(false, Ordering::AcqRel);
         let r = h.file.write_all_at(data, offset);
         if kill_suidgid && r.is_ok() {
             self.kill_suidgid(h.file.as_fd(), caller);
         }
+        let written = if r.is_ok() {
+            data.len() as u64
+        } else {
+            u64::MAX
+        };
+        h.seq
+            .lock()
+            .wrote(offset, written, undisturbed && r.is_ok(), || {
+                let fd = self.fd(&h.node).ok()?;
+                sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY).ok()
+            });
         h.dirty.store(true, Ordering::Release);
         h.wrote.store(true, Ordering::Release);
         // Even a failed write (ENOSPC) may have moved mtime: it was this handle's own doing.
@@ -1253,6 +1271,7 @@ impl Fs {
         }
         let _stale = self.table.stale_locks(&[(h.node.dev, h.node.ino)]);
         self.before_modify(&h)?;
+        h.seq.lock().off();
         sys::fallocate(&h.file, mode, offset, len)?;
         if h.caller.uid != 0 {
             self.kill_suidgid(h.file.as_fd(), &h.caller);
@@ -1279,6 +1298,7 @@ impl Fs {
         }
         let _stale = self.table.stale_locks(&[(ho.node.dev, ho.node.ino)]);
         self.before_modify(&ho)?;
+        ho.seq.lock().off();
         let n = sys::copy_file_range(&hi.file, off_in, &ho.file, off_out, len, flags)?;
         if ho.caller.uid != 0 {
             self.kill_suidgid(ho.file.as_fd(), &ho.caller);

@@ -375,6 +375,7 @@ impl Fs {
         if expected == Some(cur) {
             return Ok(());
         }
+        h.disturbed.store(true, Ordering::Release);
         let key = h.identity.key();
         let ours = self
             .last_writer
@@ -394,6 +395,25 @@ impl Fs {
             false,
             "written by someone else while this agent had it open",
         ))
+    }
+
+    /// The hash a handle took while writing the file in order (see [`hash::SeqHash`]),
+    /// if the file is still exactly that: untouched since the handle's last write.
+    fn seq_hash(&self, h: &FileHandle, f: &std::fs::File) -> Option<([u8; 32], Stamp)> {
+        let mut seq = h.seq.lock();
+        let st = sys::stat_fd(f.as_fd()).ok()?;
+        if Some(race_stamp(&st)) != *h.expected.lock() {
+            seq.off();
+            return None;
+        }
+        let h32 = seq.finish(st.st_size as u64)?;
+        let after = sys::stat_fd(f.as_fd()).ok()?;
+        if race_stamp(&after) != race_stamp(&st) {
+            return None;
+        }
+        let stamp = hash::stamp_of(&after);
+        self.hashes.insert(stamp, h32);
+        Some((h32, stamp))
     }
 
     /// Whether the file behind `h` changed after the handle's last own change, by someone
@@ -443,6 +463,9 @@ impl Fs {
     pub(crate) fn prepare_write_handle(&self, h: &FileHandle, rel: &Path) {
         if let Ok(st) = sys::stat_fd(h.file.as_fd()) {
             *h.expected.lock() = Some(race_stamp(&st));
+            if st.st_size == 0 {
+                *h.seq.lock() = hash::SeqHash::start();
+            }
             if untracked(rel) || h.created.load(Ordering::Relaxed) {
                 return;
             }
@@ -587,7 +610,7 @@ impl Fs {
                         _ => self.hashes.hash(&f).ok(),
                     }
                 }
-                None => self.hashes.hash(&f).ok(),
+                None => self.seq_hash(h, &f).or_else(|| self.hashes.hash(&f).ok()),
             };
             if let Some((h32, stamp)) = result {
                 draft.content_hash = Some(hash::to_string(&h32));

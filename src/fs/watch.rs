@@ -13,9 +13,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, OsStr};
-use std::path::Path;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
@@ -325,7 +325,11 @@ impl Fs {
         else {
             return;
         };
-        let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
         if let Ok(st) = std::fs::metadata(dir) {
             use std::os::unix::fs::MetadataExt;
             w.own

@@ -234,9 +234,7 @@ impl Ledger {
         let mut file = loop {
             match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
                 Ok(f) => break f,
-                Err((f, nix::errno::Errno::EWOULDBLOCK))
-                    if Instant::now() < deadline =>
-                {
+                Err((f, nix::errno::Errno::EWOULDBLOCK)) if Instant::now() < deadline => {
                     file = f;
                     std::thread::sleep(Duration::from_millis(50));
                 }

@@ -314,7 +314,8 @@ impl TestMount {
             .open(self.stderr_path())
             .unwrap();
         let mut cmd = intentfs();
-        cmd.args(&self.args).envs(self.envs.iter().map(|(k, v)| (k, v)));
+        cmd.args(&self.args)
+            .envs(self.envs.iter().map(|(k, v)| (k, v)));
         if self.daemonize {
             cmd.arg("--log").arg(self.stderr_path());
             cmd.arg(&self.ws).arg(&self.mnt);
