@@ -1056,18 +1056,8 @@ impl Fs {
         let before = (offset == 0 && !h.read_recorded.load(Ordering::Acquire))
             .then(|| sys::stat_fd(h.file.as_fd()).ok())
             .flatten();
-        let mut buf = vec![0u8; size as usize];
-        let mut done = 0;
-        while done < buf.len() {
-            match h.file.read_at(&mut buf[done..], offset + done as u64) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let whole = done < buf.len();
-        buf.truncate(done);
+        let buf = sys::pread_exact_or_eof(&h.file, offset, size as usize)?;
+        let whole = buf.len() < size as usize;
         match before {
             Some(st) if whole => {
                 self.record_read_bytes(&h, caller.pid, super::hash::stamp_of(&st), &buf)

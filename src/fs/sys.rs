@@ -709,3 +709,32 @@ pub fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: buf is writable for its length.
     check_size(unsafe { libc::read(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len()) })
 }
+
+/// Up to `size` bytes of `file` from `offset` (fewer at end of file), into a fresh buffer
+/// that is not zeroed first: a 1 MiB read request would otherwise clear 1 MiB only to
+/// overwrite it.
+pub fn pread_exact_or_eof(file: &std::fs::File, offset: u64, size: usize) -> io::Result<Vec<u8>> {
+    let mut buf: Vec<u8> = Vec::with_capacity(size);
+    while buf.len() < size {
+        let (len, want) = (buf.len(), size - buf.len());
+        let spare = buf.spare_capacity_mut();
+        // SAFETY: `spare` is writable for at least `want` bytes; pread writes at most that
+        // many and reports how many it wrote, which become initialized below.
+        let r = unsafe {
+            libc::pread64(
+                file.as_raw_fd(),
+                spare.as_mut_ptr() as *mut libc::c_void,
+                want,
+                (offset + len as u64) as libc::off64_t,
+            )
+        };
+        match check_size(r) {
+            Ok(0) => break,
+            // SAFETY: pread initialized `n` more bytes right after the current length.
+            Ok(n) => unsafe { buf.set_len(buf.len() + n) },
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(buf)
+}
