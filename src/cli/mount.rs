@@ -122,6 +122,10 @@ struct Plan {
     ledger_path: PathBuf,
     policy: Policy,
     ignore: IntentIgnore,
+    /// The policy's and `.intentignore`'s stamps before they were read: any change after
+    /// that reloads them (taken by the policy watcher when its thread first ran, a change
+    /// made right after the mount came up could be missed for good).
+    loaded_stamps: Stamps,
     args: MountArgs,
 }
 
@@ -179,6 +183,7 @@ fn validate(a: MountArgs) -> anyhow::Result<Plan> {
         .policy
         .clone()
         .unwrap_or_else(|| workspace.join(".orchestration/active_intents.yaml"));
+    let loaded_stamps = (stamp(&policy_path), stamp(&workspace.join(".intentignore")));
     let policy = Policy::load(&policy_path).map_err(|e| anyhow!("{e}"))?;
     let ignore = IntentIgnore::load(&workspace).map_err(|e| anyhow!("{e}"))?;
     if let Some(id) = &a.intent {
@@ -217,6 +222,7 @@ fn validate(a: MountArgs) -> anyhow::Result<Plan> {
         ledger_path,
         policy,
         ignore,
+        loaded_stamps,
         args: a,
     })
 }
@@ -572,6 +578,7 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
         plan.policy_path.clone(),
         plan.workspace.clone(),
         extra,
+        plan.loaded_stamps,
         stop.clone(),
     );
     let result = mounted.run();
@@ -593,7 +600,12 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
 }
 
 /// A file's change stamp (device, inode, size, mtime, ctime).
-fn stamp(p: &Path) -> Option<(u64, u64, u64, i64, i64, i64)> {
+/// What identifies a version of a file for the policy watcher.
+type Stamp = Option<(u64, u64, u64, i64, i64, i64)>;
+/// The policy's stamp and `.intentignore`'s.
+type Stamps = (Stamp, Stamp);
+
+fn stamp(p: &Path) -> Stamp {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(p).ok()?;
     Some((
@@ -615,13 +627,14 @@ fn spawn_policy_watcher(
     policy: PathBuf,
     workspace: PathBuf,
     extra: Vec<PathBuf>,
+    loaded: Stamps,
     stop: Arc<AtomicBool>,
 ) {
     let ignore = workspace.join(".intentignore");
     let _ = std::thread::Builder::new()
         .name("policy-watch".into())
         .spawn(move || {
-            let mut last = (stamp(&policy), stamp(&ignore));
+            let mut last = loaded;
             let mut ticks = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(250));
