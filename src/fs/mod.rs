@@ -275,7 +275,7 @@ impl Fs {
             return Ok(PathBuf::new());
         }
         let fd = self.fd(dir)?;
-        let real = sys::fd_path(fd.as_fd())?;
+        let real = sys::fd_path_in(self.proc_fd.as_fd(), fd.as_fd())?;
         let root = self.root_path.lock().clone();
         if let Ok(rel) = real.strip_prefix(&root) {
             return Ok(rel.to_path_buf());

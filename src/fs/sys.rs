@@ -7,7 +7,7 @@
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
 /// `stat` as the kernel returns it.
 pub type Stat = libc::stat64;
@@ -280,6 +280,29 @@ pub fn readlink_fd(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
 /// even after a rename made outside the mount.
 pub fn fd_path(fd: BorrowedFd<'_>) -> io::Result<std::path::PathBuf> {
     std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+/// [`fd_path`] through the daemon's open `/proc/self/fd` (no walk of `/proc/self/fd/`
+/// for each of the many mutations that need a directory's path).
+pub fn fd_path_in(proc_fd: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<std::path::PathBuf> {
+    let name = fd_name(fd.as_raw_fd());
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: valid C string and dirfd; `buf` is writable for its length and readlinkat
+    // writes at most that many bytes, returning how many.
+    let n = check_size(unsafe {
+        libc::readlinkat(
+            proc_fd.as_raw_fd(),
+            name.as_ptr(),
+            buf.as_mut_ptr() as *mut libc::c_char,
+            buf.len(),
+        )
+    })?;
+    if n >= buf.len() {
+        // Truncated: the path is longer than PATH_MAX; the slow way handles any length.
+        return fd_path(fd);
+    }
+    buf.truncate(n);
+    Ok(std::path::PathBuf::from(std::ffi::OsString::from_vec(buf)))
 }
 
 pub fn chmod_fd(proc_fd: BorrowedFd<'_>, fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {

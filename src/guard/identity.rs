@@ -275,7 +275,20 @@ pub fn proc_session(pid: u32) -> Option<(i32, String)> {
     if pid == 0 {
         return None;
     }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // One read: the line is a few hundred bytes (`comm` is at most 15), and this runs for
+    // every ledger entry (read_to_string would stat the file and read until a second,
+    // empty read).
+    let mut buf = [0u8; 1024];
+    let n = std::io::Read::read(
+        &mut std::fs::File::open(format!("/proc/{pid}/stat")).ok()?,
+        &mut buf,
+    )
+    .ok()?;
+    let stat = if n < buf.len() {
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    } else {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?
+    };
     let open = stat.find('(')?;
     let close = stat.rfind(')')?;
     let comm = stat.get(open + 1..close)?.to_string();

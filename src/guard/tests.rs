@@ -204,3 +204,15 @@ fn scope_message_lists_a_few_globs_and_counts_the_rest() {
     assert!(s.len() < 300, "{}", s.len());
     assert_eq!(super::scope_list(&globs[..2]), "src/m0/**, src/m1/**");
 }
+
+#[test]
+fn proc_session_reads_the_session_and_name_of_a_process() {
+    let pid = std::process::id();
+    let (sid, comm) = crate::guard::identity::proc_session(pid).expect("own process");
+    // SAFETY: getsid(0) has no preconditions.
+    assert_eq!(sid, unsafe { libc::getsid(0) });
+    let want = std::fs::read_to_string("/proc/self/comm").unwrap();
+    assert_eq!(comm, want.trim_end_matches('\n'));
+    assert_eq!(crate::guard::identity::proc_name(0), "");
+    assert!(crate::guard::identity::proc_session(u32::MAX).is_none());
+}
