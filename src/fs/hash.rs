@@ -94,17 +94,36 @@ pub fn hash_stream(file: &File) -> io::Result<([u8; 32], u64)> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; BUF];
     let mut off = 0u64;
+    feed(file, &mut hasher, &mut buf, &mut off, None)?;
+    Ok((hasher.finalize().into(), off))
+}
+
+/// Hash `file`'s bytes from `*off` up to `upto` (an error if the file ends before), or to
+/// its end (`None`), through `buf`; `*off` follows what was hashed.
+fn feed(
+    file: &File,
+    hasher: &mut Sha256,
+    buf: &mut [u8],
+    off: &mut u64,
+    upto: Option<u64>,
+) -> io::Result<()> {
     loop {
-        let n = match file.read_at(&mut buf, off) {
-            Ok(0) => break,
-            Ok(n) => n,
+        let want = match upto {
+            Some(u) if *off >= u => return Ok(()),
+            Some(u) => ((u - *off) as usize).min(buf.len()),
+            None => buf.len(),
+        };
+        match file.read_at(&mut buf[..want], *off) {
+            Ok(0) if upto.is_none() => return Ok(()),
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+            Ok(n) => {
+                hasher.update(&buf[..n]);
+                *off += n as u64;
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
-        };
-        hasher.update(&buf[..n]);
-        off += n as u64;
+        }
     }
-    Ok((hasher.finalize().into(), off))
 }
 
 /// Read a whole small file (pre-images for line ranges).
@@ -113,18 +132,7 @@ pub fn read_small(file: &File, limit: u64) -> Option<Vec<u8>> {
     if st.st_size as u64 > limit {
         return None;
     }
-    let mut out = vec![0u8; st.st_size as usize];
-    let mut off = 0;
-    while off < out.len() {
-        match file.read_at(&mut out[off..], off as u64) {
-            Ok(0) => break,
-            Ok(n) => off += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => return None,
-        }
-    }
-    out.truncate(off);
-    Some(out)
+    sys::pread_exact_or_eof(file, 0, st.st_size as usize).ok()
 }
 
 /// Below this many bytes written in order, a file is hashed at close as any other.
@@ -163,20 +171,7 @@ impl SeqWorker {
                 let mut off = 0u64;
                 // Ends when the handle drops its worker (the channel closes).
                 while let Ok((upto, finish)) = rx.recv() {
-                    let r = (|| {
-                        while off < upto {
-                            let want = ((upto - off) as usize).min(BUF);
-                            let n = match file.read_at(&mut buf[..want], off) {
-                                Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
-                                Ok(n) => n,
-                                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                                Err(e) => return Err(e),
-                            };
-                            hasher.update(&buf[..n]);
-                            off += n as u64;
-                        }
-                        Ok(())
-                    })();
+                    let r = feed(&file, &mut hasher, &mut buf, &mut off, Some(upto));
                     if finish || r.is_err() {
                         let _ = dtx.send(r.map(|()| hasher.clone().finalize().into()));
                         return;

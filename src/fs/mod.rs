@@ -282,7 +282,7 @@ impl Fs {
         }
         // The workspace itself may have moved: refresh and retry once.
         let root_fd = self.fd(self.table.root())?;
-        let root = sys::fd_path(root_fd.as_fd())?;
+        let root = sys::fd_path_in(self.proc_fd.as_fd(), root_fd.as_fd())?;
         *self.root_path.lock() = root.clone();
         match real.strip_prefix(&root) {
             Ok(rel) => Ok(rel.to_path_buf()),

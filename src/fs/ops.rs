@@ -1143,14 +1143,9 @@ impl Fs {
         if kill_suidgid && r.is_ok() {
             self.kill_suidgid(h.file.as_fd(), caller);
         }
-        let written = if r.is_ok() {
-            data.len() as u64
-        } else {
-            u64::MAX
-        };
         h.seq
             .lock()
-            .wrote(offset, written, undisturbed && r.is_ok(), || {
+            .wrote(offset, data.len() as u64, undisturbed && r.is_ok(), || {
                 let fd = self.fd(&h.node).ok()?;
                 sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY).ok()
             });
@@ -1331,6 +1326,7 @@ impl Fs {
     /// positioned by the request's offset. Offsets are the backing directory's own `d_off`
     /// cookies, valid on any descriptor of the directory.
     fn dir_stream(&self, nodeid: u64, fh: u64) -> Result<Arc<Mutex<sys::DirStream>>> {
+        self.counters.listings.fetch_add(1, Ordering::Relaxed);
         if fh != 0 {
             return self.dir_handle(fh);
         }
@@ -1368,7 +1364,6 @@ impl Fs {
             }
             return Ok(());
         }
-        self.counters.listings.fetch_add(1, Ordering::Relaxed);
         let d = self.dir_stream(nodeid, fh)?;
         let mut ds = d.lock();
         // Offsets are the backing directory's own d_off values (ext4 uses i64::MAX as its
@@ -1441,7 +1436,6 @@ impl Fs {
         if let Ok(dfd) = self.fd(&dir) {
             self.watch_dir_fd(dir.dev, dir.ino, dfd.as_fd());
         }
-        self.counters.listings.fetch_add(1, Ordering::Relaxed);
         let d = self.dir_stream(nodeid, fh)?;
         let mut ds = d.lock();
         ds.seek(offset);

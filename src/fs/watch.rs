@@ -109,10 +109,10 @@ impl Watcher {
 
     /// The TTL replies may carry now.
     pub fn ttl(&self) -> Duration {
-        if self.degraded.load(Ordering::Relaxed) || self.inval.get().is_none() {
-            SHORT_TTL
-        } else {
+        if self.live() {
             LONG_TTL
+        } else {
+            SHORT_TTL
         }
     }
 

@@ -218,7 +218,7 @@ impl Ledger {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(io_err)?;
         }
-        let file = OpenOptions::new()
+        let mut file = OpenOptions::new()
             .read(true)
             .append(true)
             .create(true)
@@ -230,7 +230,6 @@ impl Ledger {
         // just unmounted (`umount /mnt && mount /mnt`) still closes its ledger for a moment:
         // wait a little for it before calling the ledger in use.
         let deadline = Instant::now() + LOCK_WAIT;
-        let mut file = file;
         let mut file = loop {
             match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
                 Ok(f) => break f,
