@@ -5,7 +5,7 @@
 # native. A program you run and read, not a test: it asserts no timing.
 #
 # Usage: sudo bench/run.sh [--rounds N] [--copies K] [--quick] [--seq-mib M] [--files F]
-#                          [--with-bindfs | --no-bindfs] [--keep]
+#                          [--with-bindfs | --no-bindfs] [--low-latency] [--keep]
 #   --rounds N      rounds per workload (default 5); the table shows medians over them
 #   --copies K      copies of the source tree unpacked by `tar x` (default 4)
 #   --seq-mib M     size of the sequential write/read file (default 512)
@@ -13,6 +13,7 @@
 #   --quick         = --rounds 1 --copies 1 --seq-mib 64 (smoke test)
 #   --with-bindfs   apt-get install -y bindfs when missing (the only thing it installs)
 #   --no-bindfs     skip bindfs even when installed
+#   --low-latency   mount intentfs with --low-latency (idle CPUs poll while requests flow)
 #   --keep          keep the temp directory (logs, results.tsv) for inspection
 # Env: INTENTFS=path/to/intentfs (default target/release/intentfs), INTENTFS_MOUNT_ARGS=extra
 #      `intentfs mount` options (e.g. "--threads 8"), BENCH_DIR=where to make
@@ -32,6 +33,7 @@ while (($#)); do
     --quick) ROUNDS=1 COPIES=1 SEQ_MIB=64 ;;
     --with-bindfs) BINDFS=install ;;
     --no-bindfs) BINDFS=no ;;
+    --low-latency) INTENTFS_MOUNT_ARGS="${INTENTFS_MOUNT_ARGS:-} --low-latency" ;;
     --keep) KEEP=1 ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
@@ -133,6 +135,7 @@ echo "intentfs:  $BIN ($(git -C "$root" rev-parse --short HEAD 2>/dev/null)$(git
 echo "machine:   $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r), $(stat -f -c %T "$tmp") at $tmp"
 echo "tree:      ${#crates[@]} crates from $reg, $nfiles files, $tree_mib MiB; x$COPIES copies"
 echo "targets:   ${TARGETS[*]}$( ((HAVE_BINDFS)) || echo ' (bindfs not installed: --with-bindfs)'); $ROUNDS round(s); sequential $SEQ_MIB MiB; search: ${RG%% *}"
+[[ -n ${INTENTFS_MOUNT_ARGS:-} ]] && echo "intentfs mount options: ${INTENTFS_MOUNT_ARGS# }"
 echo
 
 # ----- measurement helpers -----------------------------------------------------------------

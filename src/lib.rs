@@ -7,6 +7,7 @@
 //! - [`guard`]: the decision for one operation (intent, scope, protected paths, stale check).
 //! - [`fs`]: the passthrough core over `O_PATH` handles; the only `unsafe`.
 //! - [`control`]: the virtual `.intentfs/` directory.
+//! - [`latency`]: `--low-latency`, the CPU latency request held while requests arrive.
 //! - `fuse`: the adapter implementing `fuser::Filesystem`, the only module importing fuser.
 //! - [`cli`]: the command line.
 
@@ -16,5 +17,6 @@ pub mod control;
 pub mod fs;
 mod fuse;
 pub mod guard;
+pub mod latency;
 pub mod ledger;
 pub mod policy;

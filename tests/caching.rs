@@ -349,3 +349,67 @@ fn without_a_watcher_listings_and_missing_names_are_not_cached() {
     }
     assert_eq!(names(&tm.m("d/sub")).len(), 301);
 }
+
+/// The system-wide CPU latency request (µs), as `/dev/cpu_dma_latency` reads it.
+fn cpu_latency() -> Option<i32> {
+    let mut b = [0u8; 4];
+    let mut f = std::fs::File::open("/dev/cpu_dma_latency").ok()?;
+    std::io::Read::read_exact(&mut f, &mut b).ok()?;
+    Some(i32::from_ne_bytes(b))
+}
+
+/// `--low-latency` holds a 0 µs CPU latency request while requests arrive and drops it
+/// when they stop (polling idle CPUs cost power only while an agent uses the mount).
+#[test]
+fn low_latency_is_held_while_requests_arrive() {
+    let Some(before) = cpu_latency() else {
+        eprintln!("SKIP: /dev/cpu_dma_latency is not readable (needs root)");
+        return;
+    };
+    if before == 0 {
+        eprintln!("SKIP: another process holds a 0 µs CPU latency request");
+        return;
+    }
+    let tm = TestMount::builder()
+        .policy(ALLOW_ALL)
+        .intent("ALL")
+        .arg("--low-latency")
+        .mount();
+    // The mount's own requests end; the request is dropped once they have.
+    assert!(
+        wait_until(Duration::from_secs(5), || cpu_latency() == Some(before)),
+        "the request outlived the mount's start-up: {:?}",
+        cpu_latency()
+    );
+    // An agent at work: every file is new, so every step reaches the daemon.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dir = tm.m("work");
+    std::fs::create_dir(&dir).unwrap();
+    let worker = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let p = dir.join(format!("f{}", i % 50));
+                std::fs::write(&p, i.to_string()).unwrap();
+                std::fs::read(&p).unwrap();
+                i += 1;
+            }
+            i
+        })
+    };
+    let held = wait_until(Duration::from_secs(5), || cpu_latency() == Some(0));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let writes = worker.join().unwrap();
+    assert!(held, "no 0 µs request while {writes} writes went through the mount");
+    // Quiet again: dropped (after 50 ms).
+    assert!(
+        wait_until(Duration::from_secs(5), || cpu_latency() == Some(before)),
+        "the request was kept after the requests stopped: {:?}",
+        cpu_latency()
+    );
+    // (Reading the status is a request too: `held` may be either now.)
+    let s = &tm.status()["counters"]["low_latency"];
+    assert!(s["bursts"].as_u64().unwrap() >= 2, "{s}");
+    assert!(s["held_ms"].as_u64().unwrap() >= 50, "{s}");
+}

@@ -180,6 +180,8 @@ pub struct Fs {
     pub watch: std::sync::OnceLock<watch::Watcher>,
     /// Kernel passthrough was negotiated (and has not failed).
     pub passthrough: AtomicBool,
+    /// `--low-latency`: told of every request (`node` is where nearly all of them start).
+    pub low_latency: std::sync::OnceLock<Arc<crate::latency::LowLatency>>,
 }
 
 impl Fs {
@@ -210,6 +212,7 @@ impl Fs {
             started: chrono::Utc::now().timestamp(),
             watch: std::sync::OnceLock::new(),
             passthrough: AtomicBool::new(false),
+            low_latency: std::sync::OnceLock::new(),
         })
     }
 
@@ -262,6 +265,9 @@ impl Fs {
     // ----- nodes and paths ---------------------------------------------------------
 
     pub(crate) fn node(&self, nodeid: u64) -> Result<Arc<Node>> {
+        if let Some(l) = self.low_latency.get() {
+            l.tick();
+        }
         self.table.get(nodeid).ok_or(FsError::Os(libc::ENOENT))
     }
 

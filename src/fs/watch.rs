@@ -130,20 +130,15 @@ impl Watcher {
         }
         let ok = (|| {
             let fid = fid_of(dir_fd, name)?;
+            // The directory itself is marked as "." below its (O_PATH) handle: fanotify
+            // takes no O_PATH descriptor without a path, and "/proc/self/fd/N" cost a
+            // walk through procfs for every directory a walk entered.
             let path = match name {
                 Some(n) => CString::new(n.as_bytes()).ok()?,
-                None => CString::new(format!("/proc/self/fd/{}", dir_fd.as_raw_fd())).ok()?,
+                None => c".".to_owned(),
             };
-            let dirfd = if name.is_some() {
-                dir_fd.as_raw_fd()
-            } else {
-                libc::AT_FDCWD
-            };
-            let mut flags = libc::FAN_MARK_ADD | libc::FAN_MARK_ONLYDIR;
-            if name.is_some() {
-                flags |= libc::FAN_MARK_DONT_FOLLOW;
-            }
-            sys::fanotify_mark(self.fan.as_raw_fd(), flags, MASK, dirfd, &path)
+            let flags = libc::FAN_MARK_ADD | libc::FAN_MARK_ONLYDIR | libc::FAN_MARK_DONT_FOLLOW;
+            sys::fanotify_mark(self.fan.as_raw_fd(), flags, MASK, dir_fd.as_raw_fd(), &path)
                 .map_err(|e| tracing::warn!("fanotify mark failed ({e}): short cache TTLs"))
                 .ok()?;
             self.by_fid.lock().insert(fid, (dev, ino));
