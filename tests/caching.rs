@@ -401,7 +401,10 @@ fn low_latency_is_held_while_requests_arrive() {
     let held = wait_until(Duration::from_secs(5), || cpu_latency() == Some(0));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let writes = worker.join().unwrap();
-    assert!(held, "no 0 µs request while {writes} writes went through the mount");
+    assert!(
+        held,
+        "no 0 µs request while {writes} writes went through the mount"
+    );
     // Quiet again: dropped (after 50 ms).
     assert!(
         wait_until(Duration::from_secs(5), || cpu_latency() == Some(before)),
@@ -412,4 +415,45 @@ fn low_latency_is_held_while_requests_arrive() {
     let s = &tm.status()["counters"]["low_latency"];
     assert!(s["bursts"].as_u64().unwrap() >= 2, "{s}");
     assert!(s["held_ms"].as_u64().unwrap() >= 50, "{s}");
+}
+
+/// A directory removed (through the mount or behind it) leaves its inode number free, and
+/// ext4 gives it to the next directory made. That directory must be watched like any
+/// other: a file added behind the mount shows in its listing. (The watcher remembered the
+/// number as watched, so the new directory's cached listing stayed stale for good.)
+#[test]
+fn a_directory_that_reuses_a_removed_ones_inode_is_watched() {
+    use std::os::unix::fs::MetadataExt;
+    let tm = TestMount::builder().policy(ALLOW_ALL).intent("ALL").mount();
+    let mut reused = 0;
+    for k in 0..20 {
+        let (old, new) = (format!("old{k}"), format!("new{k}"));
+        std::fs::create_dir(tm.m(&old)).unwrap();
+        assert!(names(&tm.m(&old)).is_empty());
+        let ino = std::fs::metadata(tm.w(&old)).unwrap().ino();
+        // Half the removals behind the mount, half through it.
+        if k % 2 == 0 {
+            std::fs::remove_dir(tm.m(&old)).unwrap();
+        } else {
+            std::fs::remove_dir(tm.w(&old)).unwrap();
+            assert!(wait_until(Duration::from_secs(2), || !tm.m(&old).exists()));
+        }
+        std::fs::create_dir(tm.m(&new)).unwrap();
+        if std::fs::metadata(tm.w(&new)).unwrap().ino() == ino {
+            reused += 1;
+        }
+        // Listed twice: the second listing is the kernel's cached one, and after it the
+        // kernel trusts its attributes too (no mtime check would catch the change).
+        assert!(names(&tm.m(&new)).is_empty());
+        assert!(names(&tm.m(&new)).is_empty());
+        std::fs::write(tm.w(&format!("{new}/behind")), "x").unwrap();
+        assert!(
+            wait_until(Duration::from_secs(2), || names(&tm.m(&new)) == ["behind"]),
+            "round {k}: the listing through the mount stayed {:?}",
+            names(&tm.m(&new))
+        );
+    }
+    if reused == 0 {
+        eprintln!("SKIP (in effect): the workspace's filesystem never reused an inode number");
+    }
 }

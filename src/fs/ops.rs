@@ -218,7 +218,7 @@ impl Fs {
         }
         let after = sys::stat_fd(fd.as_fd())?;
         if node.is_reg() {
-            self.note_own_change(&ident, &after);
+            self.note_own_change(&node, &ident, &after);
             if a.size.is_some() {
                 // A truncate is the identity's own completed change: its view follows.
                 if let Ok(f) = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY) {
@@ -1248,7 +1248,9 @@ impl Fs {
 
     pub fn release(&self, fh: u64) -> Result<()> {
         if let Some(Handle::File(h)) = self.take_handle(fh) {
-            self.record_write_noting(&h)?;
+            let r = self.record_write_noting(&h);
+            self.forget_writer(&h);
+            r?;
         }
         Ok(())
     }

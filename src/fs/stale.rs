@@ -442,19 +442,34 @@ impl Fs {
         h.own_writes.store(true, Ordering::Release);
         if let Ok(st) = sys::stat_fd(h.file.as_fd()) {
             *h.expected.lock() = Some(race_stamp(&st));
-            self.note_own_change(&h.identity, &st);
+            self.note_own_change(&h.node, &h.identity, &st);
         }
     }
 
     /// The identity changed this file's content itself (a write, a truncate, utimes): its
     /// other open write handles must not take that for someone else's change.
-    pub(crate) fn note_own_change(&self, ident: &Identity, st: &sys::Stat) {
+    /// Only write handles open on the inode consult it, so it is kept only while one is
+    /// (entries for every file ever written made a long-running daemon grow by ~250 bytes
+    /// a file).
+    pub(crate) fn note_own_change(&self, node: &Node, ident: &Identity, st: &sys::Stat) {
         let s = race_stamp(st);
         let mut lw = self.last_writer.lock();
+        if !writers_open(node, None) {
+            lw.remove(&(s.dev, s.ino));
+            return;
+        }
         if lw.len() > 100_000 {
             lw.clear();
         }
         lw.insert((s.dev, s.ino), (ident.key(), s));
+    }
+
+    /// A write handle closed: when it was the inode's last, who wrote it last no longer
+    /// matters.
+    pub(crate) fn forget_writer(&self, h: &FileHandle) {
+        if h.writable && !writers_open(&h.node, Some(h)) {
+            self.last_writer.lock().remove(&(h.node.dev, h.node.ino));
+        }
     }
 
     /// At open-for-write: remember the stamp to compare later writes against, and the
@@ -636,4 +651,13 @@ impl Fs {
         }
         self.record(&h.identity, &h.caller, MutationType::Write, &rel, draft)
     }
+}
+
+/// Whether a write handle (other than `except`) is open on `node`.
+fn writers_open(node: &Node, except: Option<&FileHandle>) -> bool {
+    node.handles
+        .lock()
+        .iter()
+        .filter_map(|w| w.upgrade())
+        .any(|o| o.writable && except.is_none_or(|e| !std::ptr::eq(&*o, e)))
 }

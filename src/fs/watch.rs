@@ -273,6 +273,18 @@ fn handle(fs: &Fs, mask: u64, own: bool, mut info: &[u8]) {
         let Some(key) = w.by_fid.lock().get(&fid).copied() else {
             continue;
         };
+        if mask & libc::FAN_DELETE_SELF != 0 && (name.is_empty() || name == b".") {
+            // A watched directory is gone (removed through the mount or behind it; its
+            // mark goes with its inode). Its inode number may come back as a new
+            // directory, which must then be marked when the kernel next lists it: forget
+            // the number, and drop what the kernel holds for a node that has it now.
+            w.by_fid.lock().remove(&fid);
+            w.marked.lock().remove(&key);
+            if let Some(n) = fs.table.by_backing(key.0, key.1) {
+                inval.inval_inode(n.nodeid);
+            }
+            continue;
+        }
         if own
             && !w
                 .own
