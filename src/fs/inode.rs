@@ -245,10 +245,26 @@ impl InodeTable {
             }
             *slot = Some(fd.clone());
         }
-        self.open_count.fetch_add(1, Ordering::Relaxed);
-        self.lru.lock().push_back(Arc::downgrade(node));
+        let open = self.open_count.fetch_add(1, Ordering::Relaxed) + 1;
+        {
+            let mut lru = self.lru.lock();
+            lru.push_back(Arc::downgrade(node));
+            // Nodes the kernel forgot leave their entries behind, and a `Weak` keeps the
+            // node's memory: under the cap nothing pops them, so a long-running daemon
+            // grew by a node per file ever created (~250 bytes). Sweep once the dead may
+            // outnumber the live.
+            if lru.len() > 2 * open + 1024 {
+                lru.retain(|w| w.strong_count() > 0);
+            }
+        }
         self.evict();
         fd
+    }
+
+    /// Entries in the eviction order (tests: it must not grow with forgotten nodes).
+    #[cfg(test)]
+    fn lru_len(&self) -> usize {
+        self.lru.lock().len()
     }
 
     /// Close the oldest handles while over the cap. In-flight users keep their `Arc`.
@@ -488,5 +504,39 @@ impl InodeTable {
             out.extend_from_slice(p.as_bytes());
         }
         Some(PathBuf::from(OsStr::from_bytes(&out).to_os_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Files made and forgotten (`tar x` then `rm -rf`, all day): the table's memory
+    /// stays bounded by what the kernel references.
+    #[test]
+    fn forgotten_nodes_leave_nothing_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = sys::open_root(dir.path()).unwrap();
+        let table = InodeTable::new(root, 100_000).unwrap();
+        let rfd = table.fd(table.root()).unwrap();
+        for i in 0..20_000 {
+            let name = OsString::from(format!("f{i}"));
+            std::fs::write(dir.path().join(&name), b"x").unwrap();
+            let fd = sys::open_path(rfd.as_fd(), &name).unwrap();
+            let st = sys::stat_fd(fd.as_fd()).unwrap();
+            let node = table.lookup(ROOT, &name, Some(fd), &st);
+            let id = node.nodeid;
+            drop(node);
+            std::fs::remove_file(dir.path().join(&name)).unwrap();
+            table.forget(id, 1);
+        }
+        assert_eq!(table.len(), 1, "only the root is referenced");
+        assert_eq!(table.open_handles(), 1, "only the root's handle is open");
+        assert!(
+            table.lru_len() <= 2 * table.open_handles() + 1025,
+            "{} eviction entries (each keeps a node's memory) for {} open handles",
+            table.lru_len(),
+            table.open_handles()
+        );
     }
 }
