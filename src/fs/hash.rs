@@ -79,6 +79,12 @@ impl HashCache {
         Ok((h, after))
     }
 
+    /// The file is gone (its last name removed): its entry would only take room until the
+    /// cap (a hash is recomputed if the inode is still open and asked about).
+    pub fn forget(&self, dev: u64, ino: u64) {
+        self.map.lock().remove(&(dev, ino));
+    }
+
     /// Remember a hash computed elsewhere (e.g. from bytes already in memory).
     pub fn insert(&self, s: Stamp, h: [u8; 32]) {
         let mut m = self.map.lock();

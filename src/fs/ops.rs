@@ -502,6 +502,9 @@ impl Fs {
         }
         sys::unlink_at(pfd.as_fd(), name, is_dir)?;
         ident.forget_path(&rel);
+        if !is_dir && st.st_nlink <= 1 {
+            self.hashes.forget(st.st_dev, st.st_ino);
+        }
         if let Some(n) = self.table.by_backing(st.st_dev, st.st_ino) {
             self.table.remove_alias(&n, parent, name, &ident.key());
         }

@@ -121,14 +121,40 @@ pub struct OpenReport {
 /// The (intent, path) pairs behind `mutation_class`: which intents already made a
 /// classified change to each path (kept for the ledger's lifetime: an intent's first write
 /// to a path is the first ever, even if the file was deleted in between).
+///
+/// It grows with every distinct path ever changed (a build's outputs, a tree unpacked
+/// under new names), so a path is kept as 16 bytes of its SHA-256 and an intent as an
+/// index into the intents seen: about 60 bytes a path instead of about 190 with the path
+/// and the intent's name in each entry. (Two paths with the same 128-bit prefix would share
+/// a first write; that is far below every other failure's odds.)
 #[derive(Default)]
 struct Classes {
-    by_path: HashMap<Vec<u8>, Vec<Option<String>>>,
+    by_path: HashMap<[u8; 16], Vec<u16>>,
+    intents: Vec<Option<String>>,
+}
+
+fn path_key(path: &[u8]) -> [u8; 16] {
+    let d = Sha256::digest(path);
+    let mut k = [0u8; 16];
+    k.copy_from_slice(&d[..16]);
+    k
 }
 
 impl Classes {
+    fn intent_index(&self, intent: &Option<String>) -> Option<u16> {
+        self.intents
+            .iter()
+            .position(|i| i == intent)
+            .map(|i| i as u16)
+    }
+
     fn contains(&self, intent: &Option<String>, path: &[u8]) -> bool {
-        self.by_path.get(path).is_some_and(|v| v.contains(intent))
+        let Some(i) = self.intent_index(intent) else {
+            return false;
+        };
+        self.by_path
+            .get(&path_key(path))
+            .is_some_and(|v| v.contains(&i))
     }
 
     /// What one entry does to the set, and the class it gets (the same at append and
@@ -141,11 +167,20 @@ impl Classes {
     ) -> Option<MutationClass> {
         match path {
             Some(p) if mt.is_classified() => {
-                let v = self.by_path.entry(p.to_vec()).or_default();
-                Some(if v.contains(intent) {
+                let i = match self.intent_index(intent) {
+                    Some(i) => i,
+                    // More than 65,536 intents in one ledger: the rest share the last slot.
+                    None if self.intents.len() > u16::MAX as usize => u16::MAX,
+                    None => {
+                        self.intents.push(intent.clone());
+                        (self.intents.len() - 1) as u16
+                    }
+                };
+                let v = self.by_path.entry(path_key(p)).or_default();
+                Some(if v.contains(&i) {
                     MutationClass::AstRefactor
                 } else {
-                    v.push(intent.clone());
+                    v.push(i);
                     MutationClass::IntentEvolution
                 })
             }
