@@ -49,7 +49,8 @@ t1=$(date +%s%N)
 echo 0 >"$T/tracing_on"
 echo "$* : $(((t1 - t0) / 1000000)) ms (exit $rc)"
 python3 - "$T/trace" "$conn" <<'PY'
-import collections, re, sys
+import collections, re, signal, sys
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 send, lat, lost = {}, collections.defaultdict(list), 0
 pat = re.compile(r"\s(\d+\.\d+): fuse_request_(send|end): connection (\d+) req (\d+)(?: opcode \d+ \((\w+)\))?")
 for line in open(sys.argv[1]):
