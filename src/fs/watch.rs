@@ -12,7 +12,7 @@
 //! a mark limit), the watcher degrades and every later reply carries the short TTL.
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::{CString, OsStr};
+use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -69,12 +69,8 @@ pub struct Watcher {
     own: Mutex<DirNames>,
 }
 
-fn fid_of(dir: BorrowedFd<'_>, name: Option<&OsStr>) -> Option<Fid> {
-    let (path, flags) = match name {
-        Some(n) => (CString::new(n.as_bytes()).ok()?, 0),
-        None => (CString::default(), libc::AT_EMPTY_PATH),
-    };
-    let (ty, bytes) = sys::name_to_handle(dir, &path, flags).ok()?;
+fn fid_of(dir: BorrowedFd<'_>) -> Option<Fid> {
+    let (ty, bytes) = sys::name_to_handle(dir, c"", libc::AT_EMPTY_PATH).ok()?;
     let mut v = ty.to_ne_bytes().to_vec();
     v.extend_from_slice(&bytes);
     Some(v)
@@ -122,23 +118,19 @@ impl Watcher {
         !self.degraded.load(Ordering::Relaxed) && self.inval.get().is_some()
     }
 
-    /// Watch the directory `dir_fd/name` (or `dir_fd` itself) whose backing inode is
-    /// `(dev, ino)`, unless already watched.
-    pub fn watch_dir(&self, dev: u64, ino: u64, dir_fd: BorrowedFd<'_>, name: Option<&OsStr>) {
+    /// Watch the directory behind `dir_fd`, whose backing inode is `(dev, ino)`, unless
+    /// already watched.
+    pub fn watch_dir(&self, dev: u64, ino: u64, dir_fd: BorrowedFd<'_>) {
         if self.marked.lock().contains(&(dev, ino)) {
             return;
         }
         let ok = (|| {
-            let fid = fid_of(dir_fd, name)?;
-            // The directory itself is marked as "." below its (O_PATH) handle: fanotify
-            // takes no O_PATH descriptor without a path, and "/proc/self/fd/N" cost a
-            // walk through procfs for every directory a walk entered.
-            let path = match name {
-                Some(n) => CString::new(n.as_bytes()).ok()?,
-                None => c".".to_owned(),
-            };
+            let fid = fid_of(dir_fd)?;
+            // The directory is marked as "." below its (O_PATH) handle: fanotify takes no
+            // O_PATH descriptor without a path, and "/proc/self/fd/N" cost a walk through
+            // procfs for every directory a walk entered.
             let flags = libc::FAN_MARK_ADD | libc::FAN_MARK_ONLYDIR | libc::FAN_MARK_DONT_FOLLOW;
-            sys::fanotify_mark(self.fan.as_raw_fd(), flags, MASK, dir_fd.as_raw_fd(), &path)
+            sys::fanotify_mark(self.fan.as_raw_fd(), flags, MASK, dir_fd.as_raw_fd(), c".")
                 .map_err(|e| tracing::warn!("fanotify mark failed ({e}): short cache TTLs"))
                 .ok()?;
             self.by_fid.lock().insert(fid, (dev, ino));
@@ -331,7 +323,7 @@ impl Fs {
     /// before the kernel caches anything below it.
     pub(crate) fn watch_dir_fd(&self, dev: u64, ino: u64, fd: BorrowedFd<'_>) {
         if let Some(w) = self.watch.get() {
-            w.watch_dir(dev, ino, fd, None);
+            w.watch_dir(dev, ino, fd);
         }
     }
 
