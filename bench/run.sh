@@ -144,6 +144,12 @@ FAILS=() DEAD=0
 declare -A LEDGER_DELTA
 now_us() { local t=$EPOCHREALTIME; echo "${t/./}"; }
 entries() { [[ -f $ledger ]] && wc -l <"$ledger" || echo 0; }
+# FUSE requests the intentfs daemon has answered (its status counters). Reading the status
+# costs a few requests itself: REQ_SELF, measured below, is taken off each workload's count.
+requests() { tr -d ' \n' <"$mnt/.intentfs/status" 2>/dev/null | grep -o '"requests":{[^}]*}' | grep -o '"total":[0-9]*' | cut -d: -f2; }
+declare -A REQ_DELTA
+q0=$(requests) q1=$(requests)
+REQ_SELF=$((${q1:-0} - ${q0:-0}))
 alive() { [[ $1 != intentfs ]] || kill -0 "$DAEMON" 2>/dev/null; }
 
 # timed WL TARGET ROUND DIR CMD...: run CMD in DIR, append "WL TARGET ROUND µs" to results
@@ -151,9 +157,9 @@ alive() { [[ $1 != intentfs ]] || kill -0 "$DAEMON" 2>/dev/null; }
 timed() {
     local wl=$1 tg=$2 r=$3 dir=$4
     shift 4
-    local base=$logs/$wl.$tg.r$r t0 t1 rc e0 e1 us
+    local base=$logs/$wl.$tg.r$r t0 t1 rc e0 e1 q0 q1 us
     if [[ $tg == intentfs ]] && ((DEAD)); then echo "$wl $tg $r FAIL" >>"$res"; return 1; fi
-    [[ $tg == intentfs ]] && e0=$(entries)
+    [[ $tg == intentfs ]] && e0=$(entries) q0=$(requests)
     t0=$(now_us)
     (cd "$dir" && "$@") >"$base.out" 2>"$base.err"
     rc=$?
@@ -161,8 +167,9 @@ timed() {
     us=$((t1 - t0))
     ((${INNER:-0})) && us=$(tail -1 "$base.out")
     if [[ $tg == intentfs ]]; then
-        e1=$(entries)
+        e1=$(entries) q1=$(requests)
         LEDGER_DELTA[$wl]+="$((e1 - e0)) "
+        [[ -n $q0 && -n $q1 ]] && REQ_DELTA[$wl]+="$((q1 - q0 - REQ_SELF)) "
     fi
     if ((rc != 0)) || ! alive "$tg"; then
         fail "$wl" "$tg" "$r" "exit status $rc" "cd $dir && $*" "$base.err"
@@ -360,7 +367,7 @@ declare -A GOAL=([tar_x]=4 [find]=1.5 [du]=1.5 [rg]=2.5 [git_status]=1.5 [git_st
 WLS=(tar_x find du rg git_status git_status_warm edit_loop seq_write seq_read_cold seq_read_warm rm_rf build)
 
 echo
-printf '%-14s %11s %11s %8s %11s %8s %7s %5s %8s\n' workload "native ms" "intentfs ms" ratio "bindfs ms" ratio target met ledger
+printf '%-14s %11s %11s %8s %11s %8s %7s %5s %8s %9s %8s\n' workload "native ms" "intentfs ms" ratio "bindfs ms" ratio target met ledger requests "+µs/req"
 for wl in "${WLS[@]}"; do
     n=$(median "$wl" native) i=$(median "$wl" intentfs) b=
     ((HAVE_BINDFS)) && [[ -n ${ACC[bindfs]:-} ]] && b=$(median "$wl" bindfs)
@@ -372,11 +379,15 @@ for wl in "${WLS[@]}"; do
     fi
     f=$(nfail "$wl" intentfs)
     ((f)) && ri="FAIL($f)"
-    printf '%-14s %11s %11s %8s %11s %8s %7s %5s %8s\n' "$wl" "$(ms "$n")" "$(ms "$i")" "$ri" "$(ms "$b")" "$rb" \
-        "<=${GOAL[$wl]}x" "$met" "$(medlist "${LEDGER_DELTA[$wl]:-}")"
+    q=$(medlist "${REQ_DELTA[$wl]:-}")
+    per=$([[ -n $q && -n $i && -n $n ]] && awk -v a="$i" -v n="$n" -v q="$q" 'BEGIN { printf(q > 0 ? "%.1f" : "-", (a - n) / q) }' || echo -)
+    printf '%-14s %11s %11s %8s %11s %8s %7s %5s %8s %9s %8s\n' "$wl" "$(ms "$n")" "$(ms "$i")" "$ri" "$(ms "$b")" "$rb" \
+        "<=${GOAL[$wl]}x" "$met" "$(medlist "${LEDGER_DELTA[$wl]:-}")" "${q:--}" "$per"
 done
 echo "(medians over $ROUNDS round(s); 'met' = ratio within target and, with bindfs, faster than bindfs;"
-echo " ledger = entries the intentfs run of the workload added, median; seq = $SEQ_MIB MiB$( ((CAN_DROP)) || echo ', cold reads NOT cold'))"
+echo " ledger = entries the intentfs run of the workload added, median; requests = FUSE requests the daemon"
+echo " answered for it, median; +µs/req = (intentfs - native) / requests, the cost of the mount per request;"
+echo " seq = $SEQ_MIB MiB$( ((CAN_DROP)) || echo ', cold reads NOT cold'))"
 echo
 echo "intentfs daemon (pid $DAEMON): peak RSS $(awk -v k="${RSS_WALK:-0}" 'BEGIN { printf "%.1f", k / 1024 }') MiB after walking" \
     "$((nfiles * COPIES)) files (round 1), $(awk -v k="${RSS_END:-0}" 'BEGIN { printf "%.1f", k / 1024 }') MiB at the end" \

@@ -15,7 +15,7 @@ use fuser::{
 };
 
 use crate::fs::ops::SetAttr;
-use crate::fs::{sys::Stat, Caller, Entry, Fs, FsError, OpenOpts};
+use crate::fs::{sys::Stat, Caller, Entry, Fs, FsError, Op, OpenOpts};
 
 /// The fuser-facing filesystem.
 pub struct FuseFs {
@@ -358,6 +358,7 @@ impl Filesystem for FuseFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.fs.counters.requests.count(Op::Lookup);
         match self.fs.lookup(parent.0, name) {
             // A name that does not exist is cached too (node id 0 with a TTL): compilers,
             // `git`, `rg` and interpreters probe many (`.gitignore` in every directory,
@@ -371,11 +372,13 @@ impl Filesystem for FuseFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.counters.requests.count(Op::Forget);
         self.fs.forget(ino.0, nlookup);
         self.pt.forget(&self.fs, ino.0);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.fs.counters.requests.count(Op::Getattr);
         match self.fs.getattr(ino.0, fh.map(|f| f.0)) {
             Ok(st) => reply.attr(&self.fs.ttl(), &attr(self.fs.st_ino(ino.0, &st), &st)),
             Err(e) => reply.error(errno(e)),
@@ -400,6 +403,7 @@ impl Filesystem for FuseFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        self.fs.counters.requests.count(Op::Setattr);
         let a = SetAttr {
             mode,
             uid,
@@ -419,6 +423,7 @@ impl Filesystem for FuseFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.fs.counters.requests.count(Op::Readlink);
         match self.fs.readlink(ino.0) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(e)),
@@ -435,6 +440,7 @@ impl Filesystem for FuseFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        self.fs.counters.requests.count(Op::Mknod);
         let (c, name) = (caller(req), name.to_os_string());
         governed(
             self.fs.clone(),
@@ -453,6 +459,7 @@ impl Filesystem for FuseFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        self.fs.counters.requests.count(Op::Mkdir);
         let (c, name) = (caller(req), name.to_os_string());
         governed(
             self.fs.clone(),
@@ -463,6 +470,7 @@ impl Filesystem for FuseFs {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.fs.counters.requests.count(Op::Unlink);
         let (c, name) = (caller(req), name.to_os_string());
         governed(
             self.fs.clone(),
@@ -473,6 +481,7 @@ impl Filesystem for FuseFs {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.fs.counters.requests.count(Op::Rmdir);
         let (c, name) = (caller(req), name.to_os_string());
         governed(
             self.fs.clone(),
@@ -490,6 +499,7 @@ impl Filesystem for FuseFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        self.fs.counters.requests.count(Op::Symlink);
         let (c, name, target) = (caller(req), link_name.to_os_string(), target.to_path_buf());
         governed(
             self.fs.clone(),
@@ -509,6 +519,7 @@ impl Filesystem for FuseFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        self.fs.counters.requests.count(Op::Rename);
         let (c, name, newname, flags) = (
             caller(req),
             name.to_os_string(),
@@ -531,6 +542,7 @@ impl Filesystem for FuseFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        self.fs.counters.requests.count(Op::Link);
         let (c, newname) = (caller(req), newname.to_os_string());
         governed(
             self.fs.clone(),
@@ -541,6 +553,7 @@ impl Filesystem for FuseFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.fs.counters.requests.count(Op::Open);
         let c = caller(req);
         let (fs2, pt) = (self.fs.clone(), self.pt.clone());
         governed(
@@ -562,6 +575,7 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.fs.counters.requests.count(Op::Read);
         match self.fs.read(&caller(req), fh.0, offset, size) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(e)),
@@ -580,6 +594,7 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        self.fs.counters.requests.count(Op::Write);
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         match self.fs.write(&caller(req), fh.0, offset, data, kill) {
             Ok(n) => reply.written(n as u32),
@@ -595,6 +610,7 @@ impl Filesystem for FuseFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        self.fs.counters.requests.count(Op::Flush);
         empty(reply, self.fs.flush(&caller(req), fh.0));
     }
 
@@ -608,6 +624,7 @@ impl Filesystem for FuseFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.fs.counters.requests.count(Op::Release);
         self.pt.release(fh.0);
         empty(reply, self.fs.release(fh.0));
     }
@@ -620,10 +637,12 @@ impl Filesystem for FuseFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.fs.counters.requests.count(Op::Fsync);
         empty(reply, self.fs.fsync(fh.0, datasync));
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.fs.counters.requests.count(Op::Opendir);
         // With every change outside the mount reported, the kernel may keep listings:
         // ENOSYS makes it stop sending OPENDIR/RELEASEDIR for good and cache what READDIR
         // returns (FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR); a listing request then comes with
@@ -647,6 +666,7 @@ impl Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        self.fs.counters.requests.count(Op::Readdir);
         let r = self
             .fs
             .readdir(ino.0, fh.0, offset as i64, |i, off, t, name| {
@@ -666,6 +686,7 @@ impl Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        self.fs.counters.requests.count(Op::Readdirplus);
         let ttl = self.fs.ttl();
         let r = self
             .fs
@@ -693,6 +714,7 @@ impl Filesystem for FuseFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        self.fs.counters.requests.count(Op::Releasedir);
         self.fs.releasedir(fh.0);
         reply.ok();
     }
@@ -705,6 +727,7 @@ impl Filesystem for FuseFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.fs.counters.requests.count(Op::Fsyncdir);
         reply.ok();
     }
 
@@ -723,10 +746,12 @@ impl Filesystem for FuseFs {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
+        self.fs.counters.requests.count(Op::Ioctl);
         reply.error(Errno::ENOTTY);
     }
 
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        self.fs.counters.requests.count(Op::Statfs);
         match self.fs.statfs(ino.0) {
             Ok(s) => reply.statfs(
                 s.f_blocks,
@@ -752,6 +777,7 @@ impl Filesystem for FuseFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        self.fs.counters.requests.count(Op::Setxattr);
         let (c, name, value) = (caller(req), name.to_os_string(), value.to_vec());
         governed(
             self.fs.clone(),
@@ -762,6 +788,7 @@ impl Filesystem for FuseFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        self.fs.counters.requests.count(Op::Getxattr);
         match self.fs.getxattr(ino.0, name, size) {
             Ok(d) if size == 0 => reply.size(d.len() as u32),
             Ok(d) => reply.data(&d),
@@ -770,6 +797,7 @@ impl Filesystem for FuseFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.fs.counters.requests.count(Op::Listxattr);
         match self.fs.listxattr(ino.0, size) {
             Ok(d) if size == 0 => reply.size(d.len() as u32),
             Ok(d) => reply.data(&d),
@@ -778,6 +806,7 @@ impl Filesystem for FuseFs {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.fs.counters.requests.count(Op::Removexattr);
         let (c, name) = (caller(req), name.to_os_string());
         governed(
             self.fs.clone(),
@@ -788,6 +817,7 @@ impl Filesystem for FuseFs {
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        self.fs.counters.requests.count(Op::Access);
         empty(reply, self.fs.access(ino.0, mask.bits()));
     }
 
@@ -801,6 +831,7 @@ impl Filesystem for FuseFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        self.fs.counters.requests.count(Op::Create);
         let (c, name) = (caller(req), name.to_os_string());
         let (fs2, pt) = (self.fs.clone(), self.pt.clone());
         governed(
@@ -830,6 +861,7 @@ impl Filesystem for FuseFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        self.fs.counters.requests.count(Op::Fallocate);
         empty(reply, self.fs.fallocate(fh.0, offset, length, mode));
     }
 
@@ -842,6 +874,7 @@ impl Filesystem for FuseFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        self.fs.counters.requests.count(Op::Lseek);
         match self.fs.lseek(fh.0, offset, whence) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(errno(e)),
@@ -861,6 +894,7 @@ impl Filesystem for FuseFs {
         flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
+        self.fs.counters.requests.count(Op::CopyFileRange);
         match self.fs.copy_file_range(
             fh_in.0,
             offset_in,

@@ -102,6 +102,42 @@ fn served(tm: &TestMount, what: &str) -> u64 {
     tm.status()["counters"][what].as_u64().unwrap()
 }
 
+/// Every request the daemon answers is counted by opcode in the status (how `bench/run.sh`
+/// reports a workload's requests): one of each for a mkdir, create, rename, unlink and
+/// rmdir, and a total that is the sum of the opcodes.
+#[test]
+fn requests_are_counted_by_opcode() {
+    let tm = TestMount::builder()
+        .policy(ALLOW_ALL)
+        .intent("ALL")
+        .files(&[("a.txt", "a\n")])
+        .mount();
+    let requests = |tm: &TestMount| tm.status()["counters"]["requests"].clone();
+    let r0 = requests(&tm);
+    std::fs::create_dir(tm.m("d")).unwrap();
+    std::fs::write(tm.m("d/n.txt"), "n\n").unwrap();
+    std::fs::rename(tm.m("d/n.txt"), tm.m("d/m.txt")).unwrap();
+    std::fs::remove_file(tm.m("d/m.txt")).unwrap();
+    std::fs::remove_dir(tm.m("d")).unwrap();
+    let r1 = requests(&tm);
+    let delta = |op: &str| r1[op].as_u64().unwrap_or(0) - r0[op].as_u64().unwrap_or(0);
+    assert_eq!(
+        ["mkdir", "create", "rename", "unlink", "rmdir"].map(delta),
+        [1, 1, 1, 1, 1],
+        "requests before: {r0}\nafter: {r1}"
+    );
+    assert!(delta("write") >= 1 && delta("flush") >= 1, "{r1}");
+    let by_op: u64 = r1
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "total")
+        .map(|(_, v)| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(by_op, r1["total"].as_u64().unwrap(), "{r1}");
+    assert!(r1["total"].as_u64().unwrap() >= r0["total"].as_u64().unwrap() + 7);
+}
+
 fn names(dir: &std::path::Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .unwrap()

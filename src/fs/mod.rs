@@ -142,6 +142,74 @@ pub struct Counters {
     pub opens: AtomicU64,
     pub mutations: AtomicU64,
     pub denials: AtomicU64,
+    /// FUSE requests answered, by opcode.
+    pub requests: Requests,
+}
+
+macro_rules! ops {
+    ($($op:ident => $name:literal),* $(,)?) => {
+        /// The FUSE requests the daemon answers, as counted in [`Requests`].
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Op { $($op),* }
+        impl Op {
+            /// Every opcode, in the order of [`Op::name`].
+            pub const ALL: &'static [Op] = &[$(Op::$op),*];
+            /// The opcode as the kernel names it (`FUSE_` dropped, lower case).
+            pub fn name(self) -> &'static str {
+                match self { $(Op::$op => $name),* }
+            }
+        }
+    };
+}
+
+ops! {
+    Lookup => "lookup", Forget => "forget", Getattr => "getattr", Setattr => "setattr",
+    Readlink => "readlink", Mknod => "mknod", Mkdir => "mkdir", Unlink => "unlink",
+    Rmdir => "rmdir", Symlink => "symlink", Rename => "rename", Link => "link",
+    Open => "open", Read => "read", Write => "write", Flush => "flush",
+    Release => "release", Fsync => "fsync", Opendir => "opendir", Readdir => "readdir",
+    Readdirplus => "readdirplus", Releasedir => "releasedir", Fsyncdir => "fsyncdir",
+    Ioctl => "ioctl", Statfs => "statfs", Setxattr => "setxattr", Getxattr => "getxattr",
+    Listxattr => "listxattr", Removexattr => "removexattr", Access => "access",
+    Create => "create", Fallocate => "fallocate", Lseek => "lseek",
+    CopyFileRange => "copy_file_range",
+}
+
+/// How many requests of each opcode the daemon answered: each is a round trip between
+/// the kernel and the daemon, which is most of what a walk or a build pays for the mount
+/// (`.intentfs/status` `counters.requests`; `bench/run.sh` reports them per workload).
+/// A batched FORGET counts once per inode it names.
+pub struct Requests([AtomicU64; Op::ALL.len()]);
+
+impl Default for Requests {
+    fn default() -> Requests {
+        Requests(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+impl Requests {
+    pub fn count(&self, op: Op) {
+        self.0[op as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn get(&self, op: Op) -> u64 {
+        self.0[op as usize].load(Ordering::Relaxed)
+    }
+
+    /// `{"total": n, "lookup": n, ...}` with the opcodes seen so far.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        let mut total = 0;
+        for &op in Op::ALL {
+            let n = self.get(op);
+            total += n;
+            if n > 0 {
+                m.insert(op.name().to_owned(), n.into());
+            }
+        }
+        m.insert("total".to_owned(), total.into());
+        serde_json::Value::Object(m)
+    }
 }
 
 /// Settings of one mount.

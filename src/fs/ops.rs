@@ -965,6 +965,7 @@ impl Fs {
                 "mutations": self.counters.mutations.load(Ordering::Relaxed),
                 "denials": self.counters.denials.load(Ordering::Relaxed),
                 "hashed_bytes": self.hashes.bytes.load(Ordering::Relaxed),
+                "requests": self.counters.requests.to_json(),
                 "low_latency": self.low_latency.get().map(|l| {
                     let (bursts, held_ms) = l.stats();
                     serde_json::json!({"held": l.held(), "bursts": bursts, "held_ms": held_ms})
