@@ -119,6 +119,8 @@ pub struct InodeTable {
     root: Arc<Node>,
     /// See [`InodeTable::stale_locks`].
     stale_locks: Vec<Mutex<()>>,
+    /// Closes the handles of forgotten nodes (see [`super::closer`]).
+    closer: super::closer::Closer,
 }
 
 fn same(st: &sys::Stat, node: &Node) -> bool {
@@ -155,6 +157,7 @@ impl InodeTable {
             lru: Mutex::new(VecDeque::new()),
             root,
             stale_locks: (0..STALE_STRIPES).map(|_| Mutex::new(())).collect(),
+            closer: super::closer::Closer::start(),
         })
     }
 
@@ -292,6 +295,8 @@ impl InodeTable {
                 self.open_count.fetch_sub(1, Ordering::Relaxed);
             }
         }
+        // And the handles of forgotten files not closed yet.
+        self.closer.flush();
     }
 
     /// Record a kernel lookup of `parent/name`, whose fresh handle and stat are given.
@@ -404,16 +409,25 @@ impl InodeTable {
     }
 
     fn remove(&self, nodeid: u64) {
-        let mut inner = self.inner.lock();
-        if let Some(node) = inner.nodes.get(&nodeid) {
+        let node = {
+            let mut inner = self.inner.lock();
+            let Some(node) = inner.nodes.get(&nodeid) else {
+                return;
+            };
             if node.nlookup.load(Ordering::Acquire) > 0 {
                 return;
             }
             let key = (node.dev, node.ino);
-            inner.nodes.remove(&nodeid);
+            let node = inner.nodes.remove(&nodeid);
             if inner.by_backing.get(&key) == Some(&nodeid) {
                 inner.by_backing.remove(&key);
             }
+            node
+        };
+        // Closed a moment later, not here (see `closer`).
+        if let Some(fd) = node.and_then(|n| n.fd.lock().take()) {
+            self.open_count.fetch_sub(1, Ordering::Relaxed);
+            self.closer.later(fd);
         }
     }
 

@@ -9,6 +9,7 @@
 //! writes out of scope.
 
 pub mod approve;
+mod closer;
 pub mod error;
 pub mod hash;
 pub mod inode;
