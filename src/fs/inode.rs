@@ -65,6 +65,11 @@ pub struct Node {
     departed: Mutex<Vec<Departed>>,
     /// The file handles open on this inode (see `Fs::note_open`).
     pub handles: Mutex<Vec<std::sync::Weak<super::FileHandle>>>,
+    /// A directory whose changes the watcher has been told to report (see
+    /// `Fs::watch_dir_fd`). Per node, not per inode number: a directory made after another
+    /// was removed may get its number while the watcher has not yet read that the old one
+    /// is gone, and must be marked all the same.
+    pub(crate) watched: std::sync::atomic::AtomicBool,
 }
 
 impl Node {
@@ -144,6 +149,7 @@ impl InodeTable {
             last_open: Mutex::new(None),
             departed: Mutex::new(Vec::new()),
             handles: Mutex::new(Vec::new()),
+            watched: std::sync::atomic::AtomicBool::new(false),
         });
         let mut nodes = HashMap::new();
         nodes.insert(ROOT, root.clone());
@@ -385,6 +391,7 @@ impl InodeTable {
             last_open: Mutex::new(None),
             departed: Mutex::new(Vec::new()),
             handles: Mutex::new(Vec::new()),
+            watched: std::sync::atomic::AtomicBool::new(false),
         });
         inner.nodes.insert(nodeid, node.clone());
         inner.by_backing.insert((st.st_dev, st.st_ino), nodeid);

@@ -71,7 +71,7 @@ impl Fs {
         }
         let p = self.node(parent)?;
         let pfd = self.fd(&p)?;
-        self.watch_dir_fd(p.dev, p.ino, pfd.as_fd());
+        self.watch_dir_fd(&p, pfd.as_fd());
         // A file's handle is opened when something needs it (`InodeTable::fd` re-resolves
         // the name and checks the inode): a lookup alone (`stat`, `git status`, `find`)
         // costs one fstatat. Directories keep theirs: their children are looked up from it.
@@ -328,7 +328,7 @@ impl Fs {
         let rel = self.child_rel(&p, name)?;
         let ident = self.authorize(caller, op, &rel, is_dir)?;
         let pfd = self.fd(&p)?;
-        self.watch_dir_fd(p.dev, p.ino, pfd.as_fd());
+        self.watch_dir_fd(&p, pfd.as_fd());
         {
             let _cred = sys::FsCred::switch(caller.uid, caller.gid);
             make(pfd.as_fd())?;
@@ -450,7 +450,7 @@ impl Fs {
         self.authorize_as(&ident, caller, "link", &rel, false)?;
         let fd = self.fd(&node)?;
         let npfd = self.fd(&np)?;
-        self.watch_dir_fd(np.dev, np.ino, npfd.as_fd());
+        self.watch_dir_fd(&np, npfd.as_fd());
         sys::link_fd(self.proc_fd.as_fd(), fd.as_fd(), npfd.as_fd(), newname)?;
         let st = sys::stat_fd(fd.as_fd())?;
         let node = self.table.lookup(newparent, newname, None, &st);
@@ -995,7 +995,7 @@ impl Fs {
         let ident = self.authorize(caller, "create", &rel, false)?;
         let ident_intent = ident.intent();
         let pfd = self.fd(&p)?;
-        self.watch_dir_fd(p.dev, p.ino, pfd.as_fd());
+        self.watch_dir_fd(&p, pfd.as_fd());
         let file = {
             let _cred = sys::FsCred::switch(caller.uid, caller.gid);
             sys::create_at(pfd.as_fd(), name, flags, mode & !umask)?
@@ -1444,7 +1444,7 @@ impl Fs {
         }
         let dir = self.node(nodeid)?;
         if let Ok(dfd) = self.fd(&dir) {
-            self.watch_dir_fd(dir.dev, dir.ino, dfd.as_fd());
+            self.watch_dir_fd(&dir, dfd.as_fd());
         }
         let d = self.dir_stream(nodeid, fh)?;
         let mut ds = d.lock();

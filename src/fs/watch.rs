@@ -11,7 +11,7 @@
 //! When fanotify is not available (no `CAP_SYS_ADMIN`, a filesystem without file handles,
 //! a mark limit), the watcher degrades and every later reply carries the short TTL.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -55,8 +55,6 @@ type DirNames = HashMap<(u64, u64), Vec<Vec<u8>>>;
 /// The fanotify group and the directories marked in it.
 pub struct Watcher {
     fan: OwnedFd,
-    /// Backing (dev, ino) of every marked directory.
-    marked: Mutex<HashSet<(u64, u64)>>,
     /// Directory file handle -> backing (dev, ino).
     by_fid: Mutex<HashMap<Fid, (u64, u64)>>,
     /// A mark failed: replies use the short TTL from now on.
@@ -95,7 +93,6 @@ impl Watcher {
         .ok()?;
         Some(Watcher {
             fan,
-            marked: Mutex::new(HashSet::new()),
             by_fid: Mutex::new(HashMap::new()),
             degraded: AtomicBool::new(false),
             inval: OnceLock::new(),
@@ -118,12 +115,9 @@ impl Watcher {
         !self.degraded.load(Ordering::Relaxed) && self.inval.get().is_some()
     }
 
-    /// Watch the directory behind `dir_fd`, whose backing inode is `(dev, ino)`, unless
-    /// already watched.
-    pub fn watch_dir(&self, dev: u64, ino: u64, dir_fd: BorrowedFd<'_>) {
-        if self.marked.lock().contains(&(dev, ino)) {
-            return;
-        }
+    /// Watch the directory behind `dir_fd`, whose backing inode is `(dev, ino)` (marking
+    /// it again is harmless). Whether it is marked.
+    pub fn watch_dir(&self, dev: u64, ino: u64, dir_fd: BorrowedFd<'_>) -> bool {
         let ok = (|| {
             let fid = fid_of(dir_fd)?;
             // The directory is marked as "." below its (O_PATH) handle: fanotify takes no
@@ -136,12 +130,10 @@ impl Watcher {
             self.by_fid.lock().insert(fid, (dev, ino));
             Some(())
         })();
-        match ok {
-            Some(()) => {
-                self.marked.lock().insert((dev, ino));
-            }
-            None => self.degraded.store(true, Ordering::Relaxed),
+        if ok.is_none() {
+            self.degraded.store(true, Ordering::Relaxed);
         }
+        ok.is_some()
     }
 
     /// Install a watcher on `fs` and watch its root (before the kernel asks anything).
@@ -151,8 +143,7 @@ impl Watcher {
             return;
         }
         if let Ok(fd) = fs.fd(fs.table.root()) {
-            let root = fs.table.root();
-            fs.watch_dir_fd(root.dev, root.ino, std::os::fd::AsFd::as_fd(&*fd));
+            fs.watch_dir_fd(fs.table.root(), std::os::fd::AsFd::as_fd(&*fd));
         }
     }
 
@@ -268,11 +259,12 @@ fn handle(fs: &Fs, mask: u64, own: bool, mut info: &[u8]) {
         if mask & libc::FAN_DELETE_SELF != 0 && (name.is_empty() || name == b".") {
             // A watched directory is gone (removed through the mount or behind it; its
             // mark goes with its inode). Its inode number may come back as a new
-            // directory, which must then be marked when the kernel next lists it: forget
-            // the number, and drop what the kernel holds for a node that has it now.
+            // directory, which must then be marked when the kernel next lists it: a new
+            // directory has a new node (marked on first use), but a node that now names
+            // the number is marked again, and what the kernel holds for it dropped.
             w.by_fid.lock().remove(&fid);
-            w.marked.lock().remove(&key);
             if let Some(n) = fs.table.by_backing(key.0, key.1) {
+                n.watched.store(false, Ordering::Release);
                 inval.inval_inode(n.nodeid);
             }
             continue;
@@ -321,9 +313,14 @@ impl Fs {
 
     /// Make sure changes below the directory `node` (reached through `fd`) are watched
     /// before the kernel caches anything below it.
-    pub(crate) fn watch_dir_fd(&self, dev: u64, ino: u64, fd: BorrowedFd<'_>) {
+    pub(crate) fn watch_dir_fd(&self, node: &super::inode::Node, fd: BorrowedFd<'_>) {
+        if node.watched.load(Ordering::Acquire) {
+            return;
+        }
         if let Some(w) = self.watch.get() {
-            w.watch_dir(dev, ino, fd);
+            if w.watch_dir(node.dev, node.ino, fd) {
+                node.watched.store(true, Ordering::Release);
+            }
         }
     }
 
