@@ -213,6 +213,8 @@ fn proc_session_reads_the_session_and_name_of_a_process() {
     assert_eq!(sid, unsafe { libc::getsid(0) });
     let want = std::fs::read_to_string("/proc/self/comm").unwrap();
     assert_eq!(comm, want.trim_end_matches('\n'));
+    assert_eq!(crate::guard::identity::proc_name(pid), comm);
     assert_eq!(crate::guard::identity::proc_name(0), "");
+    assert_eq!(crate::guard::identity::proc_name(u32::MAX), "");
     assert!(crate::guard::identity::proc_session(u32::MAX).is_none());
 }

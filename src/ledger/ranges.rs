@@ -55,6 +55,15 @@ pub fn changed_ranges(old: &[u8], new: &[u8]) -> Option<Vec<(u32, u32)>> {
     if old.len() > MAX_DIFF_BYTES || new.len() > MAX_DIFF_BYTES || !is_text(old) || !is_text(new) {
         return None;
     }
+    if old.is_empty() {
+        // A new (or emptied) file: every line is new, no diff needed (`tar x`, a create).
+        if new.is_empty() {
+            return Some(Vec::new());
+        }
+        let lines =
+            new.iter().filter(|&&b| b == b'\n').count() + usize::from(!new.ends_with(b"\n"));
+        return Some(vec![(1, lines as u32)]);
+    }
     let old_lines: Vec<&[u8]> = old.split_inclusive(|&b| b == b'\n').collect();
     let new_lines: Vec<&[u8]> = new.split_inclusive(|&b| b == b'\n').collect();
     let ops = similar::capture_diff_slices_deadline(
@@ -134,6 +143,10 @@ mod tests {
         assert_eq!(changed_ranges(old, b"A\nB\nc\nd\ne\n"), Some(vec![(1, 2)]));
         // Creation: everything is new; a missing final newline is a change.
         assert_eq!(changed_ranges(b"", b"x\ny\nz"), Some(vec![(1, 3)]));
+        assert_eq!(changed_ranges(b"", b"x\ny\n"), Some(vec![(1, 2)]));
+        assert_eq!(changed_ranges(b"", b"\n"), Some(vec![(1, 1)]));
+        assert_eq!(changed_ranges(b"", b""), Some(vec![]));
+        assert_eq!(changed_ranges(b"", b"a\0"), None);
         assert_eq!(changed_ranges(b"x\ny", b"x\ny\n"), Some(vec![(2, 2)]));
         assert_eq!(changed_ranges(old, old), Some(vec![]));
     }
