@@ -98,11 +98,21 @@ impl Node {
     }
 }
 
-impl Drop for Node {
-    fn drop(&mut self) {
-        if self.fd.get_mut().take().is_some() {
+impl Node {
+    /// Take the backing handle out of the node, if it is open (the count of open handles
+    /// follows). Whoever gets it decides when it closes.
+    fn take_fd(&self) -> Option<Arc<OwnedFd>> {
+        let fd = self.fd.lock().take();
+        if fd.is_some() {
             self.open_count.fetch_sub(1, Ordering::Relaxed);
         }
+        fd
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.take_fd();
     }
 }
 
@@ -286,9 +296,7 @@ impl InodeTable {
             if node.nodeid == ROOT {
                 continue;
             }
-            if node.fd.lock().take().is_some() {
-                self.open_count.fetch_sub(1, Ordering::Relaxed);
-            }
+            node.take_fd();
         }
     }
 
@@ -297,8 +305,8 @@ impl InodeTable {
     pub fn evict_regular(&self) {
         let nodes: Vec<Arc<Node>> = self.inner.lock().nodes.values().cloned().collect();
         for n in nodes {
-            if n.is_reg() && n.fd.lock().take().is_some() {
-                self.open_count.fetch_sub(1, Ordering::Relaxed);
+            if n.is_reg() {
+                n.take_fd();
             }
         }
         // And the handles of forgotten files not closed yet.
@@ -432,8 +440,7 @@ impl InodeTable {
             node
         };
         // Closed a moment later, not here (see `closer`).
-        if let Some(fd) = node.and_then(|n| n.fd.lock().take()) {
-            self.open_count.fetch_sub(1, Ordering::Relaxed);
+        if let Some(fd) = node.and_then(|n| n.take_fd()) {
             self.closer.later(fd);
         }
     }

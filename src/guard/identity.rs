@@ -270,20 +270,22 @@ pub struct Identities {
     sessions: RwLock<HashMap<i32, Arc<Identity>>>,
 }
 
-/// The session id and command name of a process, from `/proc/<pid>/stat`.
-pub fn proc_session(pid: u32) -> Option<(i32, String)> {
+/// One `read` of `/proc/<pid>/<file>` into `buf`: these files are small, and a single read
+/// returns them whole when `buf` is large enough (`read_to_string` would stat the file and
+/// read until a second, empty read). The byte count; None for pid 0 or a process not seen.
+fn read_proc(pid: u32, file: &str, buf: &mut [u8]) -> Option<usize> {
     if pid == 0 {
         return None;
     }
-    // One read: the line is a few hundred bytes (`comm` is at most 15), and this runs for
-    // every ledger entry (read_to_string would stat the file and read until a second,
-    // empty read).
+    let mut f = std::fs::File::open(format!("/proc/{pid}/{file}")).ok()?;
+    std::io::Read::read(&mut f, buf).ok()
+}
+
+/// The session id and command name of a process, from `/proc/<pid>/stat`.
+pub fn proc_session(pid: u32) -> Option<(i32, String)> {
+    // The line is a few hundred bytes (`comm` is at most 15).
     let mut buf = [0u8; 1024];
-    let n = std::io::Read::read(
-        &mut std::fs::File::open(format!("/proc/{pid}/stat")).ok()?,
-        &mut buf,
-    )
-    .ok()?;
+    let n = read_proc(pid, "stat", &mut buf)?;
     let stat = if n < buf.len() {
         String::from_utf8_lossy(&buf[..n]).into_owned()
     } else {
@@ -305,19 +307,11 @@ pub fn proc_session(pid: u32) -> Option<(i32, String)> {
 /// `/proc/<pid>/comm`, which the kernel answers without gathering the rest of `stat`
 /// (a third of the cost of naming the process in every ledger entry).
 pub fn proc_name(pid: u32) -> String {
-    if pid == 0 {
-        return String::new();
-    }
     let mut buf = [0u8; 64];
-    let Ok(mut f) = std::fs::File::open(format!("/proc/{pid}/comm")) else {
+    let Some(n) = read_proc(pid, "comm", &mut buf) else {
         return String::new();
     };
-    match std::io::Read::read(&mut f, &mut buf) {
-        Ok(n) => {
-            String::from_utf8_lossy(buf[..n].strip_suffix(b"\n").unwrap_or(&buf[..n])).into_owned()
-        }
-        Err(_) => String::new(),
-    }
+    String::from_utf8_lossy(buf[..n].strip_suffix(b"\n").unwrap_or(&buf[..n])).into_owned()
 }
 
 impl Identities {
