@@ -274,7 +274,11 @@ impl RuleSetBuilder {
                            `{a,b}` either, `[abc]` one of; write `[*]` for a literal `*`"
                         .to_string(),
                 })?;
-            let key = if case_insensitive { "" } else { literal_dirs(glob) };
+            let key = if case_insensitive {
+                ""
+            } else {
+                literal_dirs(glob)
+            };
             let (b, rule_of_glob) = self
                 .groups
                 .entry(key.as_bytes().to_vec())
@@ -565,7 +569,13 @@ mod tests {
                 let ci = next(6) == 0;
                 let parts = 1 + next(4);
                 let glob: Vec<&str> = (0..parts)
-                    .map(|_| if next(3) == 0 { META[next(META.len())] } else { LIT[next(LIT.len())] })
+                    .map(|_| {
+                        if next(3) == 0 {
+                            META[next(META.len())]
+                        } else {
+                            LIT[next(LIT.len())]
+                        }
+                    })
                     .collect();
                 let glob = glob.join("/");
                 let Ok(compiled) = GlobBuilder::new(&glob)
@@ -575,7 +585,8 @@ mod tests {
                 else {
                     continue;
                 };
-                b.add(&glob, &[glob.clone()], format!("{r}"), ci).expect("compiles");
+                b.add(&glob, std::slice::from_ref(&glob), format!("{r}"), ci)
+                    .expect("compiles");
                 reference.add(compiled);
                 rule_of.push(r);
             }
@@ -583,9 +594,7 @@ mod tests {
             let reference = reference.build().expect("builds");
             for _ in 0..60 {
                 let depth = 1 + next(5);
-                let path: Vec<&str> = (0..depth)
-                    .map(|_| LIT[next(LIT.len())])
-                    .collect();
+                let path: Vec<&str> = (0..depth).map(|_| LIT[next(LIT.len())]).collect();
                 let path = path.join("/");
                 let want = reference
                     .matches(&path)
