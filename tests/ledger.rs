@@ -1323,6 +1323,43 @@ fn hashed_bytes(tm: &TestMount) -> u64 {
     tm.status()["counters"]["hashed_bytes"].as_u64().unwrap()
 }
 
+/// A read never hashes content whose hash is known: a file read twice through the mount
+/// is hashed once (the first read's hash is kept by stamp), and a file the mount wrote is
+/// not hashed again when read (its WRITE entry's hash is kept).
+#[test]
+fn reads_hash_a_files_content_once() {
+    let tm = TestMount::builder()
+        .policy(ALLOW_ALL)
+        .intent("ALL")
+        .files(&[("keep.txt", "k\n")])
+        .mount();
+    let body: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(tm.w("behind.bin"), &body).unwrap();
+    let before = hashed_bytes(&tm);
+    tm.sh_ok("cat behind.bin > /dev/null");
+    let first = hashed_bytes(&tm) - before;
+    assert_eq!(
+        first,
+        body.len() as u64,
+        "the first read hashes the file once"
+    );
+    tm.sh_ok("cat behind.bin > /dev/null; cat behind.bin > /dev/null");
+    assert_eq!(
+        hashed_bytes(&tm) - before,
+        first,
+        "reading an unchanged file again hashed it again"
+    );
+    tm.sh_ok("head -c 150000 /dev/zero | tr '\\0' x > made.txt");
+    assert_eq!(write_hash(&tm, "made.txt"), sha256sum(&tm.w("made.txt")));
+    let before = hashed_bytes(&tm);
+    tm.sh_ok("cat made.txt > /dev/null");
+    assert_eq!(
+        hashed_bytes(&tm) - before,
+        0,
+        "reading a file the mount wrote hashed it again"
+    );
+}
+
 /// A large file written front to back is hashed while it is written (no second pass at
 /// close), and the hash is the file's; any other way of writing it falls back to hashing
 /// the file at close, with the same result.

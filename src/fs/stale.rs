@@ -280,12 +280,30 @@ impl Fs {
             return;
         }
         self.record_seen(h, pid, "read recorded (bytes)", || {
+            let after = sys::stat_fd(h.file.as_fd()).ok().map(|s| stamp_of(&s));
+            let exact = after == Some(before) && before.size == bytes.len() as u64;
+            // Unchanged while it was read: the bytes are the content at `before`, which
+            // the hash cache may know already (the WRITE entry that made it, another
+            // identity's read): a read never hashes what is known. A hash taken here is
+            // kept for the stale checks and the next reader.
+            if exact {
+                if let Some(hash) = self.hashes.cached(&before) {
+                    return Some(Seen {
+                        stamp: before,
+                        hash,
+                    });
+                }
+            }
             let hash: [u8; 32] = {
                 use sha2::{Digest, Sha256};
                 Sha256::digest(bytes).into()
             };
-            let after = sys::stat_fd(h.file.as_fd()).ok().map(|s| stamp_of(&s));
-            let stamp = if after == Some(before) && before.size == bytes.len() as u64 {
+            self.hashes.hashed.fetch_add(1, Ordering::Relaxed);
+            self.hashes
+                .bytes
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            let stamp = if exact {
+                self.hashes.insert(before, hash);
                 before
             } else {
                 Stamp {
