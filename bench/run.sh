@@ -6,6 +6,7 @@
 #
 # Usage: sudo bench/run.sh [--rounds N] [--copies K] [--quick] [--seq-mib M] [--files F]
 #                          [--with-bindfs | --no-bindfs] [--low-latency] [--keep]
+#                          [--fs image|dir]
 #   --rounds N      rounds per workload (default 5); the table shows medians over them
 #   --copies K      copies of the source tree unpacked by `tar x` (default 4)
 #   --seq-mib M     size of the sequential write/read file (default 512)
@@ -15,6 +16,12 @@
 #   --no-bindfs     skip bindfs even when installed
 #   --low-latency   mount intentfs with --low-latency (idle CPUs poll while requests flow)
 #   --keep          keep the temp directory (logs, results.tsv) for inspection
+#   --fs image      (default) native, workspace and bindfs directories on a fresh ext4
+#                   (journaled, mkfs defaults) in a sparse image file, loop-mounted for
+#                   the run: every target starts from the same clean filesystem state
+#   --fs dir        directories straight on the filesystem of BENCH_DIR (on an ext4
+#                   without a journal, creating files after mass deletions is slow for
+#                   minutes and moves native times tenfold; see bench/README.md)
 # Env: INTENTFS=path/to/intentfs (default target/release/intentfs), INTENTFS_MOUNT_ARGS=extra
 #      `intentfs mount` options (e.g. "--threads 8"), BENCH_DIR=where to make
 #      the temp directory (default $TMPDIR or /tmp; native, workspace and bindfs backing
@@ -23,7 +30,7 @@
 set -uo pipefail
 export LC_ALL=C
 
-ROUNDS=5 COPIES=4 SEQ_MIB=512 FILES=4700 BINDFS=auto KEEP=0
+ROUNDS=5 COPIES=4 SEQ_MIB=512 FILES=4700 BINDFS=auto KEEP=0 FS=image
 while (($#)); do
     case $1 in
     --rounds) ROUNDS=$2; shift ;;
@@ -35,11 +42,13 @@ while (($#)); do
     --no-bindfs) BINDFS=no ;;
     --low-latency) INTENTFS_MOUNT_ARGS="${INTENTFS_MOUNT_ARGS:-} --low-latency" ;;
     --keep) KEEP=1 ;;
+    --fs) FS=$2; shift ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
 done
+[[ $FS == image || $FS == dir ]] || { echo "--fs must be image or dir, not '$FS'" >&2; exit 2; }
 for v in ROUNDS COPIES SEQ_MIB FILES; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "$v must be a positive integer" >&2; exit 2; }
 done
@@ -70,13 +79,30 @@ if command -v rg >/dev/null; then RG="rg -c fn ."; else RG="grep -r -c fn ."; fi
 tmp=$(mktemp -d "${BENCH_DIR:-${TMPDIR:-/tmp}}/intentfs-bench.XXXXXX")
 tmp=$(cd "$tmp" && pwd -P)
 logs=$tmp/logs res=$tmp/results.tsv
-mkdir -p "$logs" "$tmp/native" "$tmp/ws/.orchestration" "$tmp/mnt" "$tmp/bws" "$tmp/bmnt"
+mkdir -p "$logs" "$tmp/mnt" "$tmp/bmnt"
 : >"$res"
+# Where native/, ws/ (the workspace) and bws/ (bindfs's backing) live: $fs.
+fs=$tmp
+if [[ $FS == image ]]; then
+    if command -v mkfs.ext4 >/dev/null && [[ -e /dev/loop-control ]]; then
+        # Sparse: only what the run writes takes room. Inode tables and the journal are
+        # written now, not by a background thread during the run.
+        size_mib=$((SEQ_MIB * 3 + COPIES * 3 * 200 + 2048))
+        truncate -s "${size_mib}M" "$tmp/fs.img" &&
+            mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$tmp/fs.img" &&
+            mkdir -p "$tmp/fs" && mount -o loop "$tmp/fs.img" "$tmp/fs" && fs=$tmp/fs ||
+            { echo "warning: could not make and mount an ext4 image; using --fs dir" >&2; FS=dir; }
+    else
+        echo "warning: no mkfs.ext4 or loop devices; using --fs dir" >&2
+        FS=dir
+    fi
+fi
+mkdir -p "$fs/native" "$fs/ws/.orchestration" "$fs/bws"
 # policies/allow-all.yaml (intent ALL, scope **), plus sensitive_read: allow: a real tree
 # has files the default sensitive patterns match (objc2-foundation's NSURLCredential.rs
 # matches `*credential*`, any case), which --approver deny would refuse to read.
-{ cat "$root/policies/allow-all.yaml"; printf 'approval:\n  sensitive_read: allow\n'; } >"$tmp/ws/.orchestration/active_intents.yaml"
-ledger=$tmp/ws/.orchestration/agent_trace.jsonl
+{ cat "$root/policies/allow-all.yaml"; printf 'approval:\n  sensitive_read: allow\n'; } >"$fs/ws/.orchestration/active_intents.yaml"
+ledger=$fs/ws/.orchestration/agent_trace.jsonl
 mnt=$tmp/mnt bmnt=$tmp/bmnt
 DAEMON=
 
@@ -84,10 +110,14 @@ mounted() { grep -q " $1 " /proc/mounts; }
 cleanup() {
     if mounted "$mnt"; then "$BIN" umount "$mnt" >/dev/null 2>&1 || umount -l "$mnt" 2>/dev/null; fi
     if mounted "$bmnt"; then fusermount3 -u "$bmnt" 2>/dev/null || umount -l "$bmnt" 2>/dev/null; fi
+    if ! mounted "$mnt" && ! mounted "$bmnt" && mounted "$tmp/fs" && ! ((KEEP)); then
+        umount "$tmp/fs" 2>/dev/null || umount -l "$tmp/fs" 2>/dev/null
+    fi
     if mounted "$mnt" || mounted "$bmnt"; then
         echo "warning: a mount is still up; leaving $tmp in place" >&2
     elif ((KEEP)); then
-        echo "kept: $tmp (logs/, results.tsv); remove with rm -rf $tmp"
+        echo "kept: $tmp (logs/, results.tsv$(mounted "$tmp/fs" && echo "; $tmp/fs is still mounted: umount it first"))"
+        echo "      remove with rm -rf $tmp"
     else
         rm -rf "$tmp"
     fi
@@ -114,7 +144,7 @@ FIND_WANT=$(($(tar -tf "$tmp/tree.tar" | wc -l) * COPIES + COPIES + 1))
 # ----- mounts ------------------------------------------------------------------------------
 
 # shellcheck disable=SC2086 # INTENTFS_MOUNT_ARGS: extra mount options, word-split
-"$BIN" mount --intent ALL --approver deny --agent bench ${INTENTFS_MOUNT_ARGS:-} "$tmp/ws" "$mnt" >"$logs/mount.out" 2>&1 ||
+"$BIN" mount --intent ALL --approver deny --agent bench ${INTENTFS_MOUNT_ARGS:-} "$fs/ws" "$mnt" >"$logs/mount.out" 2>&1 ||
     { echo "intentfs mount failed:" >&2; cat "$logs/mount.out" >&2; exit 1; }
 # The daemon's pid: /run/intentfs/<key>/pid, key = the mountpoint without its leading '/',
 # every character but [A-Za-z0-9.-] replaced by '_' (src/cli/runtime.rs).
@@ -122,17 +152,17 @@ key=$(printf '%s' "${mnt#/}" | sed 's/[^A-Za-z0-9.-]/_/g')
 DAEMON=$(cat "/run/intentfs/$key/pid" 2>/dev/null)
 [[ -n $DAEMON ]] && kill -0 "$DAEMON" 2>/dev/null || { echo "no live intentfs daemon pid in /run/intentfs/$key/pid" >&2; exit 1; }
 TARGETS=(native intentfs)
-declare -A ACC=([native]=$tmp/native [intentfs]=$mnt) BACK=([native]=$tmp/native [intentfs]=$tmp/ws)
+declare -A ACC=([native]=$fs/native [intentfs]=$mnt) BACK=([native]=$fs/native [intentfs]=$fs/ws)
 if ((HAVE_BINDFS)); then
-    if bindfs "$tmp/bws" "$bmnt" 2>"$logs/bindfs.err"; then
-        TARGETS+=(bindfs) ACC[bindfs]=$bmnt BACK[bindfs]=$tmp/bws
+    if bindfs "$fs/bws" "$bmnt" 2>"$logs/bindfs.err"; then
+        TARGETS+=(bindfs) ACC[bindfs]=$bmnt BACK[bindfs]=$fs/bws
     else
         echo "warning: bindfs mount failed: $(cat "$logs/bindfs.err")" >&2
     fi
 fi
 
 echo "intentfs:  $BIN ($(git -C "$root" rev-parse --short HEAD 2>/dev/null)$(git -C "$root" diff --quiet HEAD -- src 2>/dev/null || echo ', src modified'))"
-echo "machine:   $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r), $(stat -f -c %T "$tmp") at $tmp"
+echo "machine:   $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r), $(stat -f -c %T "$fs") at $fs$([[ $FS == image ]] && echo " (a fresh image, --fs image)")"
 echo "tree:      ${#crates[@]} crates from $reg, $nfiles files, $tree_mib MiB; x$COPIES copies"
 echo "targets:   ${TARGETS[*]}$( ((HAVE_BINDFS)) || echo ' (bindfs not installed: --with-bindfs)'); $ROUNDS round(s); sequential $SEQ_MIB MiB; search: ${RG%% *}"
 [[ -n ${INTENTFS_MOUNT_ARGS:-} ]] && echo "intentfs mount options: ${INTENTFS_MOUNT_ARGS# }"
