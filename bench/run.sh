@@ -92,6 +92,14 @@ if [[ $FS == image ]]; then
             mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$tmp/fs.img" &&
             mkdir -p "$tmp/fs" && mount -o loop "$tmp/fs.img" "$tmp/fs" && fs=$tmp/fs ||
             { echo "warning: could not make and mount an ext4 image; using --fs dir" >&2; FS=dir; }
+        # Direct I/O from the loop device to the image: no second page cache of the image
+        # file below the filesystem, so an fsync waits for the disk as it would natively
+        # (without it, the first fsync after a busy workload wrote out the image file's
+        # dirty pages: native seq_write 1.5 s instead of 0.1-0.2).
+        if [[ $FS == image ]]; then
+            losetup --direct-io=on "$(findmnt -n -o SOURCE "$tmp/fs")" 2>/dev/null ||
+                echo "warning: the loop device runs without direct I/O: fsync times include the image file's page cache" >&2
+        fi
     else
         echo "warning: no mkfs.ext4 or loop devices; using --fs dir" >&2
         FS=dir
