@@ -112,13 +112,12 @@ fn run(sh: &Shared) {
             continue;
         }
         let now = Instant::now();
-        let mut expired = Vec::new();
-        while let Some(&(at, _)) = held.queue.front() {
-            if at + DELAY > now {
-                break;
-            }
-            expired.extend(held.queue.pop_front().map(|(_, fd)| fd));
-        }
+        let n = held
+            .queue
+            .iter()
+            .take_while(|(at, _)| *at + DELAY <= now)
+            .count();
+        let expired: Vec<_> = held.queue.drain(..n).collect();
         // Closed outside the lock, so queueing never waits for a file being freed.
         parking_lot::MutexGuard::unlocked(&mut held, || drop(expired));
         next_batch = Instant::now() + BATCH;

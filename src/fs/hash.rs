@@ -85,6 +85,22 @@ impl HashCache {
         self.map.lock().remove(&(dev, ino));
     }
 
+    /// The hash of `bytes`, a whole file's content read while its stamp was `at` (`None`:
+    /// the stamp moved, the bytes match no stamp): the cached hash when `at`'s is known,
+    /// else hashed (and counted) and, under `at`, kept.
+    pub fn of_bytes(&self, at: Option<Stamp>, bytes: &[u8]) -> [u8; 32] {
+        if let Some(h) = at.and_then(|s| self.cached(&s)) {
+            return h;
+        }
+        let h: [u8; 32] = Sha256::digest(bytes).into();
+        self.hashed.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        if let Some(s) = at {
+            self.insert(s, h);
+        }
+        h
+    }
+
     /// Remember a hash computed elsewhere (e.g. from bytes already in memory).
     pub fn insert(&self, s: Stamp, h: [u8; 32]) {
         let mut m = self.map.lock();

@@ -286,24 +286,8 @@ impl Fs {
             // the hash cache may know already (the WRITE entry that made it, another
             // identity's read): a read never hashes what is known. A hash taken here is
             // kept for the stale checks and the next reader.
-            if exact {
-                if let Some(hash) = self.hashes.cached(&before) {
-                    return Some(Seen {
-                        stamp: before,
-                        hash,
-                    });
-                }
-            }
-            let hash: [u8; 32] = {
-                use sha2::{Digest, Sha256};
-                Sha256::digest(bytes).into()
-            };
-            self.hashes.hashed.fetch_add(1, Ordering::Relaxed);
-            self.hashes
-                .bytes
-                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            let hash = self.hashes.of_bytes(exact.then_some(before), bytes);
             let stamp = if exact {
-                self.hashes.insert(before, hash);
                 before
             } else {
                 Stamp {
@@ -629,10 +613,6 @@ impl Fs {
             let result = match small {
                 Some(bytes) => {
                     let before = sys::stat_fd(f.as_fd()).ok().map(|s| stamp_of(&s));
-                    let h32: [u8; 32] = {
-                        use sha2::{Digest, Sha256};
-                        Sha256::digest(&bytes).into()
-                    };
                     let pre = h
                         .pre_image
                         .lock()
@@ -645,8 +625,7 @@ impl Fs {
                     *h.pre_image.lock() = Some(bytes.clone());
                     match before {
                         Some(s) if s.size == bytes.len() as u64 => {
-                            self.hashes.insert(s, h32);
-                            Some((h32, s))
+                            Some((self.hashes.of_bytes(Some(s), &bytes), s))
                         }
                         _ => self.hashes.hash(&f).ok(),
                     }

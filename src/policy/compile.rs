@@ -199,15 +199,12 @@ impl RuleSet {
 /// component has one (or the glob is a single component).
 fn literal_dirs(glob: &str) -> &str {
     let is_meta = |c: &str| c.contains(['*', '?', '[', ']', '{', '}', '\\']);
-    let mut end = 0;
-    let mut rest = glob;
-    while let Some(slash) = rest.find('/') {
-        let component = &rest[..slash];
-        if is_meta(component) {
+    let (mut start, mut end) = (0, 0);
+    for (slash, _) in glob.match_indices('/') {
+        if is_meta(&glob[start..slash]) {
             break;
         }
-        end += slash + if end == 0 { 0 } else { 1 };
-        rest = &rest[slash + 1..];
+        (start, end) = (slash + 1, slash);
     }
     &glob[..end]
 }
