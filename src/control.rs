@@ -8,15 +8,18 @@
 //! | `intents` | the selectable intents | — |
 //! | `last_error` | JSON of the caller's most recent denial | — |
 //! | `status` | mount, identities, counters (JSON) | — |
-//! | `session` | the caller's identity | a name: registers the caller's session (used by `intentfs run`) |
-//! | `lesson` | — | JSON of a failed verification: appended to `CLAUDE.md` on close (`intentfs run --verify`) |
+//! | `session` | the caller's identity: key, agent name, selectable intents | — |
+//!
+//! Nothing written here grants, widens or resets anything: identities are granted by the
+//! operator over the control socket (`intentfs run`), and an identity selects only among
+//! the intents the operator allowed it.
 //!
 //! Contents are rendered when the file is opened, so one open sees one consistent snapshot.
 
 use std::ffi::OsStr;
 
 use crate::fs::sys::Stat;
-use crate::guard::{Identities, Identity};
+use crate::guard::{Code, Denial, Identities, Identity};
 use crate::policy::Policy;
 
 /// Name of the control directory at the mount root.
@@ -33,17 +36,15 @@ pub enum CtlFile {
     LastError,
     Status,
     Session,
-    Lesson,
 }
 
-pub const FILES: [CtlFile; 7] = [
+pub const FILES: [CtlFile; 6] = [
     CtlFile::Intent,
     CtlFile::Context,
     CtlFile::Intents,
     CtlFile::LastError,
     CtlFile::Status,
     CtlFile::Session,
-    CtlFile::Lesson,
 ];
 
 impl CtlFile {
@@ -55,7 +56,6 @@ impl CtlFile {
             CtlFile::LastError => "last_error",
             CtlFile::Status => "status",
             CtlFile::Session => "session",
-            CtlFile::Lesson => "lesson",
         }
     }
     pub fn ino(self) -> u64 {
@@ -70,7 +70,7 @@ impl CtlFile {
         FILES.iter().copied().find(|f| OsStr::new(f.name()) == name)
     }
     pub fn writable(self) -> bool {
-        matches!(self, CtlFile::Intent | CtlFile::Session | CtlFile::Lesson)
+        self == CtlFile::Intent
     }
 }
 
@@ -150,8 +150,13 @@ pub fn render(
             }
             None => b"{}\n".to_vec(),
         },
-        CtlFile::Session => format!("{}\t{}\n", ident.key(), ident.name).into_bytes(),
-        CtlFile::Lesson => Vec::new(),
+        CtlFile::Session => format!(
+            "{}\t{}\t{}\n",
+            ident.key,
+            ident.name,
+            ident.allowed.describe()
+        )
+        .into_bytes(),
         CtlFile::Status => {
             let i = info();
             let idents: Vec<_> = ids
@@ -167,12 +172,16 @@ pub fn render(
                         "stale_refusals": id.stale_refusals.load(std::sync::atomic::Ordering::Relaxed),
                         "files_seen": id.seen_count(),
                         "require_read": id.require_read,
+                        "intents_allowed": id.allowed.describe(),
+                        "tracking": ids.tracking_of(&id.key),
+                        "uid": id.uid,
                     })
                 })
                 .collect();
             let v = serde_json::json!({
                 "mount": { "workspace": i.workspace, "mountpoint": i.mountpoint, "policy": i.policy,
-                           "policy_reload_error": i.policy_error, "nodes": i.nodes, "open_handles": i.open_handles },
+                           "policy_reload_error": i.policy_error, "nodes": i.nodes, "open_handles": i.open_handles,
+                           "identity_tracking": ids.tracking() },
                 "identities": idents,
                 "pending_approvals": i.pending,
                 "counters": i.counters,
@@ -184,55 +193,128 @@ pub fn render(
     }
 }
 
-/// Outcome of writing a control file.
-pub enum WriteError {
-    /// Not an intent id of the policy, or not selectable: `EINVAL`.
-    Invalid(String),
-    /// Not permitted: `EPERM`.
-    NotPermitted(String),
+/// A refused write to a control file: the errno, and the refusal `last_error` shows.
+pub struct WriteError {
+    /// `EINVAL` (not an intent the policy can select), `EPERM` (not this identity's to
+    /// select), `EACCES` (a read-only file).
+    pub errno: i32,
+    pub denial: Denial,
+}
+
+/// The selectable intent ids of the policy that `ident` may select, for messages.
+fn selectable_for(ident: &Identity, policy: &Policy) -> Vec<String> {
+    policy
+        .intents()
+        .iter()
+        .filter(|i| i.selectable() && ident.allowed.allows(&i.id))
+        .map(|i| i.id.clone())
+        .collect()
+}
+
+fn handshake_denial(ident: &Identity, policy: &Policy, wanted: &str, message: String) -> Denial {
+    let ids = selectable_for(ident, policy);
+    let remedy = if ids.is_empty() {
+        "No intent can be selected by this agent right now: stop and ask the human to set an intent \
+         IN_PROGRESS or to start you with one."
+            .to_string()
+    } else {
+        format!(
+            "Write one of these ids to .intentfs/intent: {} (`echo {} > .intentfs/intent`), then read \
+             .intentfs/context.",
+            ids.join(", "),
+            ids[0]
+        )
+    };
+    Denial::new(
+        Code::InvalidIntent,
+        "select-intent",
+        std::path::Path::new(".intentfs/intent"),
+        ident.intent().as_deref(),
+        message,
+        remedy,
+    )
+    .with_rule(Some(format!("intent {wanted:?}")))
 }
 
 /// Apply what was written to a control file (the whole buffer written so far, trimmed).
+/// `Ok(Some((from, to)))` when the identity's intent changed.
+#[allow(clippy::type_complexity)]
 pub fn apply_write(
     f: CtlFile,
     ident: &Identity,
-    ids: &Identities,
     policy: &Policy,
-    pid: u32,
     text: &str,
-) -> Result<(), WriteError> {
+) -> Result<Option<(Option<String>, Option<String>)>, WriteError> {
     let text = text.trim();
-    match f {
-        CtlFile::Intent => {
-            if text.is_empty() {
-                *ident.intent.lock() = None;
-                return Ok(());
-            }
-            match policy.intent(text) {
-                None => Err(WriteError::Invalid(format!("unknown intent {text:?}"))),
-                Some(it) if !it.selectable() => Err(WriteError::Invalid(format!(
-                    "intent {text} is not IN_PROGRESS"
-                ))),
-                Some(_) => {
-                    *ident.intent.lock() = Some(text.to_string());
-                    Ok(())
-                }
-            }
-        }
-        CtlFile::Session => {
-            if text.is_empty() {
-                return Ok(());
-            }
-            // `NAME` or `NAME require-read`.
-            let mut words = text.split_whitespace();
-            let name = words.next().unwrap_or("agent");
-            let require_read = words.any(|w| w == "require-read");
-            ids.register(pid, name, require_read)
-                .map(drop)
-                .map_err(|e| WriteError::NotPermitted(e.into()))
-        }
-        // Applied as a whole when the writer closes it (see `Fs::flush`).
-        CtlFile::Lesson => Ok(()),
-        _ => Err(WriteError::NotPermitted("read-only control file".into())),
+    if f != CtlFile::Intent {
+        return Err(WriteError {
+            errno: libc::EACCES,
+            denial: Denial::new(
+                Code::ProtectedPath,
+                "write",
+                std::path::Path::new(DIR_NAME).join(f.name()).as_path(),
+                ident.intent().as_deref(),
+                format!(".intentfs/{} is read-only", f.name()),
+                "Only .intentfs/intent can be written.".into(),
+            ),
+        });
     }
+    let to = if text.is_empty() {
+        None
+    } else {
+        match policy.intent(text) {
+            None => {
+                return Err(WriteError {
+                    errno: libc::EINVAL,
+                    denial: handshake_denial(
+                        ident,
+                        policy,
+                        text,
+                        format!("{text:?} is not an intent of the policy"),
+                    ),
+                })
+            }
+            Some(it) if !it.selectable() => {
+                return Err(WriteError {
+                    errno: libc::EINVAL,
+                    denial: handshake_denial(
+                        ident,
+                        policy,
+                        text,
+                        format!(
+                            "intent {text} is {}: only IN_PROGRESS intents can be selected{}",
+                            it.status.as_str(),
+                            if it.status.as_str() == "DONE" {
+                                " (this one is finished)"
+                            } else {
+                                " (a human paused this one)"
+                            }
+                        ),
+                    ),
+                })
+            }
+            Some(_) if !ident.allowed.allows(text) => {
+                return Err(WriteError {
+                    errno: libc::EPERM,
+                    denial: handshake_denial(
+                        ident,
+                        policy,
+                        text,
+                        format!(
+                            "{} may not select {text}: the operator allowed {}",
+                            ident.name,
+                            ident.allowed.describe()
+                        ),
+                    ),
+                })
+            }
+            Some(_) => Some(text.to_string()),
+        }
+    };
+    let mut cur = ident.intent.lock();
+    if *cur == to {
+        return Ok(None);
+    }
+    let from = std::mem::replace(&mut *cur, to.clone());
+    Ok(Some((from, to)))
 }

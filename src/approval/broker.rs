@@ -46,6 +46,8 @@ pub(crate) struct Inner {
     wake_timer: Condvar,
     /// The filesystem's breaker reset, if installed.
     reset_hook: RwLock<Option<ResetHook>>,
+    /// What the control socket does besides approvals (grant identities, lessons).
+    pub(crate) operator: RwLock<Option<Arc<dyn super::Operator>>>,
     /// Live desktop notification threads and open circuit-breaker notices.
     pub(crate) prompts: Prompts,
 }
@@ -85,6 +87,7 @@ impl Broker {
             }),
             wake_timer: Condvar::new(),
             reset_hook: RwLock::new(None),
+            operator: RwLock::new(None),
             prompts: Prompts::default(),
         });
         let socket = match socket_path {
@@ -131,6 +134,11 @@ impl Broker {
 
     /// Installs the filesystem's circuit-breaker reset: identity key -> false if unknown.
     /// Used by `intentfs reset` and by approving a desktop trip notice.
+    /// Install what serves the operator's other requests on the control socket.
+    pub fn set_operator(&self, op: Arc<dyn super::Operator>) {
+        *self.inner.operator.write() = Some(op);
+    }
+
     pub fn set_reset_hook(&self, f: Box<dyn Fn(&str) -> bool + Send + Sync>) {
         *self.inner.reset_hook.write() = Some(Arc::from(f));
     }

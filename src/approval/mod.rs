@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use broker::Broker;
+pub use socket::peer_cred;
 pub use desktop::desktop_available;
 pub use scope_updates::{record_scope_update, SCOPE_UPDATES_FILE};
 
@@ -156,6 +157,61 @@ pub struct BrokerConfig {
     pub mountpoint: PathBuf,
     /// The backing workspace, where "expand scope" grants are recorded.
     pub workspace: PathBuf,
+}
+
+/// What `intentfs run` asks the control socket for: an identity for the calling process.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterRequest {
+    /// The agent name recorded in the ledger.
+    pub agent: String,
+    /// `run --intent ID`: the identity is locked to this intent.
+    #[serde(default)]
+    pub intent: Option<String>,
+    /// `run --intents A,B` (or `all`): the identity may select among these.
+    #[serde(default)]
+    pub intents: Option<Vec<String>>,
+    /// `run --require-read` (tightens the mount's setting, never loosens it).
+    #[serde(default)]
+    pub require_read: bool,
+    /// `run --user`: the uid the command will run as (recorded).
+    #[serde(default)]
+    pub uid: Option<u32>,
+}
+
+/// The identity granted.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct Registered {
+    /// Its key (`run:<pid>`).
+    pub identity: String,
+    /// `cgroup` or `ancestry`: how its processes are recognised.
+    pub tracking: String,
+    /// The intent selected from the start, if any.
+    pub intent: Option<String>,
+}
+
+/// A failed verification's lesson (`intentfs run --verify`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LessonRequest {
+    /// The identity that ran it (`run:<pid>`).
+    pub identity: String,
+    /// The command line.
+    pub command: String,
+    /// Its exit status.
+    pub status: i32,
+    /// The tail of its output.
+    pub output: String,
+}
+
+/// The operator's requests on the control socket other than approvals, served by the
+/// filesystem (which knows identities, the policy and the ledger). Only the mount's owner
+/// and root reach them.
+pub trait Operator: Send + Sync {
+    /// Grant an identity to process `peer` (the `intentfs run` process).
+    fn register(&self, peer: u32, req: RegisterRequest) -> Result<Registered, String>;
+    /// Record a lesson; the file it went to.
+    fn lesson(&self, req: LessonRequest) -> Result<String, String>;
 }
 
 /// Called exactly once with the decision, on whichever thread decided (the caller of

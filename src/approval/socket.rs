@@ -5,12 +5,17 @@
 //! {"cmd":"list"}                                  -> {"ok":true,"pending":[PendingInfo...]}
 //! {"cmd":"approve","id":N,"grant":"once|file|expand_scope"}   -> {"ok":true}
 //! {"cmd":"reject","id":N}                         -> {"ok":true}
-//! {"cmd":"reset","identity":"session:123"}        -> {"ok":true}
+//! {"cmd":"reset","identity":"run:123"}            -> {"ok":true}
+//! {"cmd":"register","agent":"claude","intent":"INT-001"}  -> {"ok":true,"registered":{...}}
+//! {"cmd":"lesson","identity":"run:123","command":"cargo test","status":101,"output":"..."}
+//!                                                 -> {"ok":true,"file":"CLAUDE.md"}
 //! any failure                                     -> {"ok":false,"error":"..."}
 //! ```
 //!
-//! Only the mount owner's uid and root may use it, so an agent running under another uid
-//! cannot approve its own requests: the socket file is mode 0600, and every connection's
+//! It is the mount's one control channel: approvals, breaker resets, identities
+//! (`intentfs run` registers here, and the daemon moves the registering process into the new
+//! identity) and lessons. Only the mount owner's uid and root may use it, so an agent running
+//! under another uid can neither approve its own requests nor grant itself an identity: the socket file is mode 0600, and every connection's
 //! `SO_PEERCRED` is checked anyway (a mode can be changed; the kernel's word cannot).
 
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -26,7 +31,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::broker::Inner;
-use super::{Decision, Grant, PendingInfo};
+use super::{Decision, Grant, LessonRequest, PendingInfo, RegisterRequest, Registered};
 
 /// A client that sends nothing for this long is disconnected.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -49,6 +54,10 @@ pub enum Request {
     Reject { id: u64 },
     /// Reset the circuit breaker of `identity`.
     Reset { identity: String },
+    /// Grant the calling process an identity of its own (`intentfs run`).
+    Register(RegisterRequest),
+    /// Record a failed verification's lesson (`intentfs run --verify`).
+    Lesson(LessonRequest),
     /// Unmount as SIGTERM does: reject every pending request, then unmount (lazily if busy).
     /// `intentfs umount` sends it when the mount is busy with prompts pending, and it works
     /// where a signal cannot reach (a daemon in another pid namespace).
@@ -70,6 +79,12 @@ pub struct Response {
     /// Why it failed, for a person (lower-case, with a hint where one helps).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// For `register`: the identity granted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registered: Option<Registered>,
+    /// For `lesson`: the file it was appended to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
 }
 
 impl Response {
@@ -82,8 +97,8 @@ impl Response {
     fn err(msg: impl Into<String>) -> Response {
         Response {
             ok: false,
-            pending: None,
             error: Some(msg.into()),
+            ..Default::default()
         }
     }
 }
@@ -91,6 +106,20 @@ impl Response {
 /// Sends one request to the socket at `path` and reads the response.
 pub fn call(path: &Path, req: &Request) -> io::Result<Response> {
     let mut s = UnixStream::connect(path)?;
+    // The daemon is the mount's owner: our own uid, or root. Anyone else listening here
+    // took the socket's place, and must not receive an approval or a grant.
+    let (_, server_uid) = peer_cred(&s)?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if server_uid != me && server_uid != 0 {
+        return Err(io::Error::other(
+            format!(
+                "{} is served by uid {server_uid}, not by this user ({me}) or root: refusing to talk to it\n\
+                 hint: another user may have taken the runtime directory; see `intentfs mount --help` (RUNTIME DIRECTORY)",
+                path.display()
+            ),
+        ));
+    }
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut line = serde_json::to_string(req).map_err(io::Error::other)?;
     line.push('\n');
@@ -193,8 +222,8 @@ fn accept_loop(listener: &UnixListener, inner: Arc<Inner>, stop: &AtomicBool) {
                 continue;
             }
         };
-        let uid = match peer_uid(&stream) {
-            Ok(uid) => uid,
+        let (pid, uid) = match peer_cred(&stream) {
+            Ok(c) => c,
             Err(e) => {
                 tracing::warn!("approval socket: cannot read the peer's credentials: {e}");
                 continue;
@@ -226,15 +255,16 @@ fn accept_loop(listener: &UnixListener, inner: Arc<Inner>, stop: &AtomicBool) {
         let inner = inner.clone();
         let spawned = std::thread::Builder::new()
             .name("intentfs-approval-client".into())
-            .spawn(move || serve_client(stream, &inner, uid));
+            .spawn(move || serve_client(stream, &inner, pid, uid));
         if let Err(e) = spawned {
             tracing::warn!("approval socket: cannot start a client thread: {e}");
         }
     }
 }
 
-/// The uid of the process at the other end, from the kernel.
-fn peer_uid(s: &UnixStream) -> io::Result<u32> {
+/// `(pid, uid)` of the process at the other end, from the kernel (the pid as this process's
+/// pid namespace sees it; 0 when it is not visible here).
+pub fn peer_cred(s: &UnixStream) -> io::Result<(u32, u32)> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -254,7 +284,7 @@ fn peer_uid(s: &UnixStream) -> io::Result<u32> {
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(cred.uid)
+    Ok((cred.pid.max(0) as u32, cred.uid))
 }
 
 fn write_response(mut s: &UnixStream, r: &Response) -> io::Result<()> {
@@ -263,7 +293,7 @@ fn write_response(mut s: &UnixStream, r: &Response) -> io::Result<()> {
     s.write_all(line.as_bytes())
 }
 
-fn serve_client(stream: UnixStream, inner: &Inner, uid: u32) {
+fn serve_client(stream: UnixStream, inner: &Inner, pid: u32, uid: u32) {
     let _ = stream.set_read_timeout(Some(IDLE_TIMEOUT));
     let mut reader = BufReader::new(&stream);
     loop {
@@ -276,7 +306,7 @@ fn serve_client(stream: UnixStream, inner: &Inner, uid: u32) {
             continue;
         }
         let r = match serde_json::from_str::<Request>(&line) {
-            Ok(req) => handle(inner, req, uid),
+            Ok(req) => handle(inner, req, pid, uid),
             Err(e) => Response::err(format!("bad request: {e}")),
         };
         if write_response(&stream, &r).is_err() {
@@ -286,13 +316,13 @@ fn serve_client(stream: UnixStream, inner: &Inner, uid: u32) {
 }
 
 /// Executes one request for a peer already known to be the owner or root.
-fn handle(inner: &Inner, req: Request, uid: u32) -> Response {
+fn handle(inner: &Inner, req: Request, pid: u32, uid: u32) -> Response {
     let by = format!("cli:uid={uid}");
     let gone = |id: u64| {
         Response::err(format!("no pending request {id}: already decided or timed out\nhint: `intentfs approvals` lists pending requests"))
     };
     match req {
-        Request::List => Response { ok: true, pending: Some(inner.pending()), error: None },
+        Request::List => Response { ok: true, pending: Some(inner.pending()), ..Default::default() },
         Request::Approve { id, grant } => {
             let Some((kind, intent)) = inner.peek(id) else { return gone(id) };
             if !kind.allows(grant) {
@@ -324,10 +354,28 @@ fn handle(inner: &Inner, req: Request, uid: u32) -> Response {
         Request::Reset { identity } => match inner.reset(&identity) {
             Some(true) => Response::ok(),
             Some(false) => Response::err(format!(
-                "no identity {identity:?} on this mount\nhint: identities are `default` or `session:<sid>`; `cat MOUNT/.intentfs/status` lists them"
+                "no identity {identity:?} on this mount\nhint: identities are `default` or `run:<pid>`; `cat MOUNT/.intentfs/status` lists them"
             )),
             None => Response::err("this mount has no circuit breaker to reset"),
         },
+        Request::Register(r) => {
+            let Some(op) = inner.operator.read().clone() else {
+                return Response::err("the mount is still starting: try again in a moment");
+            };
+            match op.register(pid, r) {
+                Ok(reg) => Response { ok: true, registered: Some(reg), ..Default::default() },
+                Err(e) => Response::err(e),
+            }
+        }
+        Request::Lesson(l) => {
+            let Some(op) = inner.operator.read().clone() else {
+                return Response::err("the mount is still starting: try again in a moment");
+            };
+            match op.lesson(l) {
+                Ok(file) => Response { ok: true, file: Some(file), ..Default::default() },
+                Err(e) => Response::err(e),
+            }
+        }
         Request::Unmount => {
             tracing::info!(uid, "approval socket: unmount requested");
             // The daemon's signal thread does the unmount (see `cli::mount::serve`).

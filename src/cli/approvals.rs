@@ -15,7 +15,7 @@ use crate::approval::socket::{self, Request, Response};
 use crate::approval::{Grant, PendingInfo};
 
 /// The socket's file name inside the mount's runtime directory.
-pub const SOCKET_NAME: &str = "approvals.sock";
+pub const SOCKET_NAME: &str = "control.sock";
 
 /// `intentfs approvals [--json] [MOUNTPOINT]`
 #[derive(clap::Args, Debug)]
@@ -66,7 +66,7 @@ pub struct ResetArgs {
 
 pub fn run_approvals(a: ApprovalsArgs) -> anyhow::Result<ExitCode> {
     let mp = resolve_mount(a.mountpoint.as_deref())?;
-    let pending = list_at(&socket_for(&mp))?;
+    let pending = list_at(&socket_for(&mp)?)?;
     let mut out = std::io::stdout().lock();
     if a.json {
         serde_json::to_writer_pretty(&mut out, &pending)?;
@@ -86,7 +86,7 @@ pub fn run_approve(a: ApproveArgs) -> anyhow::Result<ExitCode> {
         (_, true) => Grant::ExpandScope,
         _ => Grant::Once,
     };
-    approve_at(&socket_for(&mp), a.id, grant)?;
+    approve_at(&socket_for(&mp)?, a.id, grant)?;
     println!(
         "approved request {}{}",
         a.id,
@@ -101,14 +101,14 @@ pub fn run_approve(a: ApproveArgs) -> anyhow::Result<ExitCode> {
 
 pub fn run_reject(a: RejectArgs) -> anyhow::Result<ExitCode> {
     let mp = resolve_mount(a.mount.as_deref())?;
-    reject_at(&socket_for(&mp), a.id)?;
+    reject_at(&socket_for(&mp)?, a.id)?;
     println!("rejected request {}", a.id);
     Ok(ExitCode::SUCCESS)
 }
 
 pub fn run_reset(a: ResetArgs) -> anyhow::Result<ExitCode> {
     let mp = resolve_mount(a.mount.as_deref())?;
-    reset_at(&socket_for(&mp), &a.identity)?;
+    reset_at(&socket_for(&mp)?, &a.identity)?;
     println!(
         "reset the circuit breaker of {}: its mutations are checked again",
         a.identity
@@ -116,9 +116,15 @@ pub fn run_reset(a: ResetArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The approval socket of the mount at `mp`.
-pub fn socket_for(mp: &Path) -> PathBuf {
-    runtime::dir_for(mp).join(SOCKET_NAME)
+/// The control socket of the mount at `mp`, in its runtime directory once that is checked
+/// to be the owner's (see `runtime`): a socket somebody else put there must not receive an
+/// approval or a grant.
+pub fn socket_for(mp: &Path) -> anyhow::Result<PathBuf> {
+    let dir = runtime::dir_for(mp);
+    if dir.exists() {
+        runtime::verify(&dir).map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    Ok(dir.join(SOCKET_NAME))
 }
 
 /// The intentfs mount `given` names (or is inside), else the one containing the current
@@ -168,11 +174,11 @@ fn resolve_mount(given: Option<&Path>) -> anyhow::Result<PathBuf> {
 }
 
 /// Sends `req`, turning transport failures and `{"ok":false}` into readable errors.
-fn talk(sock: &Path, req: &Request) -> anyhow::Result<Response> {
+pub(crate) fn talk(sock: &Path, req: &Request) -> anyhow::Result<Response> {
     let r = match socket::call(sock, req) {
         Ok(r) => r,
         Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => bail!(
-            "no approval socket at {}: is the mount's daemon running?\nhint: the socket is in the mount owner's runtime directory; run this as the user who mounted it",
+            "no control socket at {}: is the mount's daemon running?\nhint: the socket is in the mount owner's runtime directory; run this as the user who mounted it",
             sock.display()
         ),
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => bail!(
@@ -415,6 +421,6 @@ mod tests {
         assert!(e.contains("no circuit breaker"), "{e}");
         b.shutdown();
         let e = list_at(&sock).unwrap_err().to_string();
-        assert!(e.contains("no approval socket"), "{e}");
+        assert!(e.contains("no control socket"), "{e}");
     }
 }

@@ -152,12 +152,29 @@ fn print_human(
             ws.display()
         )?,
         (Some(d), _) => {
-            writeln!(out, "drift: {} file(s) changed outside the mount:", d.len())?;
+            writeln!(
+                out,
+                "drift: {} file(s) differ from their last ledger entry:",
+                d.len()
+            )?;
             for x in d {
+                if let Some(u) = &x.unfinished_write {
+                    writeln!(
+                        out,
+                        "  unfinished {}  (written through the mount by {} ({}, intent {}): its write began at \
+                         ledger line {} and never completed: the daemon stopped or the file is still open)",
+                        x.path,
+                        u.agent,
+                        u.identity,
+                        u.intent.as_deref().unwrap_or("none"),
+                        u.line
+                    )?;
+                    continue;
+                }
                 match &x.kind {
                     DriftKind::Modified { recorded, actual } => writeln!(
                         out,
-                        "  modified  {}  (ledger line {}: {recorded}, now {actual})",
+                        "  modified  {}  (changed outside the mount; ledger line {}: {recorded}, now {actual})",
                         x.path, x.line
                     )?,
                     DriftKind::Missing { recorded } => writeln!(

@@ -60,6 +60,11 @@ pub struct MountArgs {
     /// Select this intent for the mount's default identity.
     #[arg(long, value_name = "ID")]
     pub intent: Option<String>,
+    /// The intents the default identity may select, comma-separated, or `all` [default:
+    /// all]. `--intents INT-001` alone selects and locks it: the right shape for one agent
+    /// per mount (e.g. an agent container), which then cannot widen its own scope.
+    #[arg(long, value_name = "IDS", value_delimiter = ',')]
+    pub intents: Option<Vec<String>>,
     /// Name recorded as the contributor for the default identity.
     #[arg(long, value_name = "NAME", default_value = "agent")]
     pub agent: String,
@@ -108,6 +113,7 @@ impl MountArgs {
             policy: None,
             ledger: None,
             intent: None,
+            intents: None,
             agent: "demo-agent".into(),
             allow_other: false,
             approver: None,
@@ -230,6 +236,20 @@ fn validate(a: MountArgs) -> anyhow::Result<Plan> {
             Some(_) => {}
         }
     }
+    for id in a.intents.iter().flatten().filter(|i| *i != "all") {
+        if policy.intent(id).is_none() {
+            bail!(
+                "--intents: {id:?} is not in {}\nhint: intents of the policy: {}",
+                policy_path.display(),
+                policy.intents().iter().map(|i| i.id.as_str()).collect::<Vec<_>>().join(", ")
+            );
+        }
+    }
+    if let (Some(id), Some(allowed)) = (&a.intent, &a.intents) {
+        if !allowed.iter().any(|x| x == id || x == "all") {
+            bail!("--intent {id} is not among --intents {}\nhint: add it to --intents", allowed.join(","));
+        }
+    }
     let ledger_path = a
         .ledger
         .clone()
@@ -323,7 +343,10 @@ pub fn run(a: MountArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    let rt = runtime::create(&plan.mountpoint).context("creating the runtime directory")?;
+    if let Some(w) = super::check_policy::tracked_sensitive_warning(&plan.workspace, &plan.policy) {
+        eprintln!("{w}");
+    }
+    let rt = runtime::create(&plan.mountpoint)?;
     if plan.args.foreground {
         init_logging(None);
         serve(plan, &rt, None)?;
@@ -333,7 +356,7 @@ pub fn run(a: MountArgs) -> anyhow::Result<ExitCode> {
         .args
         .log
         .clone()
-        .unwrap_or_else(|| rt.join("daemon.log"));
+        .unwrap_or_else(|| rt.path.join("daemon.log"));
     let mut fds = [0; 2];
     // SAFETY: fds is a valid 2-element array.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -348,7 +371,12 @@ pub fn run(a: MountArgs) -> anyhow::Result<ExitCode> {
             drop(rd);
             // SAFETY: setsid in the child detaches it from the terminal's session.
             unsafe { libc::setsid() };
-            redirect_stdio(&log);
+            // The default log is opened in the verified runtime directory, not by path.
+            let logf = match &plan.args.log {
+                Some(p) => std::fs::OpenOptions::new().create(true).append(true).open(p),
+                None => rt.open_file("daemon.log", true),
+            };
+            redirect_stdio(logf.ok());
             init_logging(Some(&log));
             // A duplicate keeps a way to report errors after `serve` consumed the original.
             let ready = std::fs::File::from(wr);
@@ -384,22 +412,18 @@ pub fn run(a: MountArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn redirect_stdio(log: &Path) {
+fn redirect_stdio(logf: Option<std::fs::File>) {
     use std::os::fd::AsRawFd;
     let null = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/null");
-    let logf = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log);
     // SAFETY: dup2 onto the standard fds of this (child) process.
     unsafe {
         if let Ok(n) = &null {
             libc::dup2(n.as_raw_fd(), 0);
         }
-        if let Ok(l) = &logf {
+        if let Some(l) = &logf {
             libc::dup2(l.as_raw_fd(), 1);
             libc::dup2(l.as_raw_fd(), 2);
         }
@@ -432,7 +456,7 @@ fn block_signals() -> libc::sigset_t {
 }
 
 /// Mount, signal readiness, serve until unmounted, then close the ledger.
-fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<()> {
+fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> anyhow::Result<()> {
     let sigset = block_signals();
     let limit = crate::fs::sys::raise_nofile_limit();
     // Keep half the descriptors for open files; the rest for node handles.
@@ -464,11 +488,21 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
         ignore: plan.ignore,
         protected: Protected::new(&extra),
     }));
+    let default_intents = match (&plan.args.intents, &plan.args.intent) {
+        (Some(v), _) if v.iter().any(|x| x == "all") => crate::guard::Intents::All,
+        (Some(v), _) if v.len() == 1 => crate::guard::Intents::Locked(v[0].clone()),
+        (Some(v), _) => crate::guard::Intents::Among(v.clone()),
+        (None, _) => crate::guard::Intents::All,
+    };
     let ids = Arc::new(Identities::new(
         plan.args.agent.clone(),
-        plan.args.intent.clone(),
+        default_intents,
         plan.args.require_read,
+        Some(&crate::guard::tracking::cgroup_name(&plan.mountpoint)),
     ));
+    if let Some(i) = &plan.args.intent {
+        *ids.default_identity().intent.lock() = Some(i.clone());
+    }
     let cfg = FsConfig {
         workspace: plan.workspace.clone(),
         mountpoint: plan.mountpoint.clone(),
@@ -487,7 +521,8 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
     let broker = Broker::start(BrokerConfig {
         mode,
         timeout: Duration::from_secs(guard.rules().policy.approval().timeout_s),
-        socket_path: Some(rt.join(super::approvals::SOCKET_NAME)),
+        // Bound through the verified directory's handle: no path a symlink could redirect.
+        socket_path: Some(rt.via_fd(super::approvals::SOCKET_NAME)),
         // SAFETY: getuid has no preconditions.
         owner_uid: unsafe { libc::getuid() },
         mountpoint: plan.mountpoint.clone(),
@@ -522,6 +557,7 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
         let _ = fs.low_latency.set(ll);
     }
     let fs = Arc::new(fs);
+    broker.set_operator(Arc::new(crate::fs::operator::FsOperator(Arc::downgrade(&fs))));
     let spec = MountSpec {
         allow_other: plan.args.allow_other,
         threads: plan.args.threads,
@@ -543,7 +579,7 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
     }
     drop(fs);
     let pid_file = runtime::hold_pid_file(rt)
-        .map_err(|e| tracing::warn!("pid file in {}: {e}", rt.display()))
+        .map_err(|e| tracing::warn!("pid file in {}: {e}", rt.path.display()))
         .ok();
     let _ = ledger.record_nowait(crate::ledger::Draft {
         mutation_type: Some(crate::ledger::MutationType::Mount),
@@ -553,6 +589,10 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
             "policy": plan.policy_path.display().to_string(),
             "agent": plan.args.agent,
             "intent": plan.args.intent,
+            "intents_allowed": ids.default_identity().allowed.describe(),
+            "identity_tracking": ids.tracking(),
+            "require_read": plan.args.require_read,
+            "breaker": plan.args.breaker,
         })),
         ..Default::default()
     });
@@ -598,7 +638,7 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
     let stop = Arc::new(AtomicBool::new(false));
     spawn_policy_watcher(
         guard,
-        ids,
+        ids.clone(),
         plan.policy_path.clone(),
         plan.workspace.clone(),
         extra,
@@ -615,10 +655,11 @@ fn serve(plan: Plan, rt: &Path, ready: Option<std::fs::File>) -> anyhow::Result<
     });
     ledger.shutdown();
     drop(intent_map);
-    let _ = std::fs::remove_file(rt.join("pid"));
+    ids.shutdown();
+    rt.remove("pid");
     drop(pid_file);
     // Leave no empty runtime directory behind (a daemonized mount keeps its daemon.log).
-    let _ = std::fs::remove_dir(rt);
+    let _ = std::fs::remove_dir(&rt.path);
     tracing::info!("unmounted {}", plan.mountpoint.display());
     result.map_err(|e| anyhow!("serving: {e}"))
 }

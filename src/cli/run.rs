@@ -1,6 +1,12 @@
-//! `intentfs run [--mount MOUNTPOINT] --intent ID [--agent NAME] -- CMD [ARGS...]`: start CMD
-//! in a new POSIX session that the mount treats as an identity of its own, with the intent
-//! handshake already done, and exit with CMD's status.
+//! `intentfs run [--mount MOUNTPOINT] --intent ID | --intents IDS [--agent NAME]
+//! [--user USER] -- CMD [ARGS...]`: ask the mount's daemon, over its owner-only control
+//! socket, for an identity of its own; the daemon moves this process into it (a cgroup, or
+//! the ancestry of this process); then start CMD inside it, under `--user` if given, and
+//! exit with CMD's status.
+//!
+//! Only the mount's owner and root reach the control socket, so only the operator grants
+//! identities; CMD and everything it starts stay in the identity whatever they do
+//! (`setsid`, double forks, daemons), and select only among the intents granted here.
 
 use std::ffi::CString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -9,30 +15,49 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Context};
 
+use super::approvals::{socket_for, talk};
 use super::runtime;
+use crate::approval::socket::Request;
+use crate::approval::{LessonRequest, RegisterRequest};
 
 #[derive(clap::Args, Debug)]
 #[command(after_long_help = "EXAMPLES:
-  intentfs run --intent INT-001 --agent claude -- claude-code
-  intentfs run --mount /mnt/agent --intent INT-002 -- sh -c 'sed -i s/foo/bar/ docs/a.md'")]
+  intentfs run --intent INT-001 --agent claude --user agent -- claude
+  intentfs run --intents INT-001,INT-002 --agent codex --user agent -- codex
+  intentfs run --mount /mnt/agent --intent INT-002 -- sh -c 'sed -i s/foo/bar/ docs/a.md'
+  intentfs run --verify --intent INT-001 --user agent -- cargo test
+
+Run it as the mount's owner (or root): identities are granted over the mount's control
+socket, which only they can reach. With --user the command runs as that user, which is
+how agents should run (README: threat model). The identity lasts as long as any of its
+processes.")]
 pub struct RunArgs {
     /// The intentfs mount [default: the mount containing the current directory].
     #[arg(long, value_name = "MOUNTPOINT")]
     pub mount: Option<PathBuf>,
-    /// The intent to select for this identity (optional with --verify: the command then
-    /// runs as the mount's default identity).
-    #[arg(long, value_name = "ID", required_unless_present = "verify")]
+    /// Lock the identity to this intent (selected from the start; it cannot switch).
+    #[arg(long, value_name = "ID", conflicts_with = "intents")]
     pub intent: Option<String>,
-    /// Refuse overwriting or deleting an existing file this identity never read.
+    /// The intents the agent may select itself (`echo ID > .intentfs/intent`), comma-
+    /// separated, or `all`. Without --intent or --intents the identity can select none
+    /// (it may read, not change anything).
+    #[arg(long, value_name = "IDS", value_delimiter = ',')]
+    pub intents: Option<Vec<String>>,
+    /// Refuse overwriting or deleting an existing file this identity never read (the
+    /// mount's --require-read applies anyway).
     #[arg(long)]
     pub require_read: bool,
     /// CMD is a verification (tests, a build): when it fails, a lesson with the tail of its
-    /// output is appended to CLAUDE.md at the workspace root for the next agent session.
+    /// output is appended to the lessons file (CLAUDE.md, or the policy's `lessons_file`).
     #[arg(long)]
     pub verify: bool,
     /// Name recorded as the contributor.
     #[arg(long, value_name = "NAME", default_value = "agent")]
     pub agent: String,
+    /// Run CMD as this user (name or uid) with its groups; needs root. HOME, USER and
+    /// LOGNAME are set to the user's.
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub cmd: Vec<String>,
@@ -54,79 +79,110 @@ fn find_mount(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
         .ok_or_else(|| anyhow!("the current directory is not inside an intentfs mount\nhint: cd into the mount, or pass --mount MOUNTPOINT"))
 }
 
-/// Write `text` to a file with raw syscalls (async-signal-safe, for use after fork).
-fn raw_write(path: &CString, text: &[u8]) -> std::io::Result<()> {
-    // SAFETY: valid C string; open/write/close are async-signal-safe.
-    unsafe {
-        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let n = libc::write(fd, text.as_ptr() as *const libc::c_void, text.len());
-        let e = std::io::Error::last_os_error();
-        libc::close(fd);
-        if n < 0 {
-            return Err(e);
-        }
-    }
-    Ok(())
+/// The user CMD runs as: uid, gid, supplementary groups, home and name.
+struct RunAs {
+    uid: nix::unistd::Uid,
+    gid: nix::unistd::Gid,
+    groups: Vec<nix::unistd::Gid>,
+    home: PathBuf,
+    name: String,
 }
 
-pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
-    let mp = find_mount(a.mount)?;
-    let ctl = mp.join(crate::control::DIR_NAME);
-    // Check the intent before starting anything, for a clear error.
-    let intents = std::fs::read_to_string(ctl.join("intents"))
-        .with_context(|| format!("reading {}", ctl.join("intents").display()))?;
-    if let Some(intent) = a
-        .intent
-        .as_deref()
-        .filter(|i| !intents.lines().any(|l| l.split('\t').next() == Some(*i)))
-    {
-        bail!(
-            "intent {:?} is not selectable on {}\nhint: selectable intents:\n{}",
-            intent,
-            mp.display(),
-            intents
-                .lines()
-                .map(|l| format!("  {l}"))
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
-    }
-    let session_path = CString::new(ctl.join("session").as_os_str().as_encoded_bytes())?;
-    let intent_path = CString::new(ctl.join("intent").as_os_str().as_encoded_bytes())?;
-    let name = format!(
-        "{}{}\n",
-        a.agent,
-        if a.require_read { " require-read" } else { "" }
-    )
-    .into_bytes();
-    let intent = a.intent.as_ref().map(|i| format!("{i}\n").into_bytes());
-    let mut cmd = std::process::Command::new(&a.cmd[0]);
-    cmd.args(&a.cmd[1..]);
-    // SAFETY: the closure runs in the child between fork and exec and only makes
-    // async-signal-safe syscalls (setsid, open, write, close) on pre-built buffers.
-    unsafe {
-        cmd.pre_exec(move || {
-            let Some(intent) = &intent else { return Ok(()) };
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            raw_write(&session_path, &name)?;
-            raw_write(&intent_path, intent)?;
-            Ok(())
-        });
-    }
-    // SAFETY: block the forwarded signals here before any thread exists, so the forwarding
-    // thread inherits the mask and receives them through sigwait (std resets the child's mask).
+fn run_as(spec: &str) -> anyhow::Result<RunAs> {
+    use nix::unistd::{Uid, User};
+    let user = match spec.parse::<u32>() {
+        Ok(n) => User::from_uid(Uid::from_raw(n))?,
+        Err(_) => User::from_name(spec)?,
+    };
+    let Some(u) = user else {
+        // A bare uid without a passwd entry is still a user to run as.
+        if let Ok(n) = spec.parse::<u32>() {
+            return Ok(RunAs {
+                uid: Uid::from_raw(n),
+                gid: nix::unistd::Gid::from_raw(n),
+                groups: Vec::new(),
+                home: PathBuf::from("/"),
+                name: spec.to_string(),
+            });
+        }
+        bail!("--user {spec:?}: no such user\nhint: give a user name from /etc/passwd or a numeric uid");
+    };
+    let cname = CString::new(u.name.clone())?;
+    let groups = nix::unistd::getgrouplist(&cname, u.gid).unwrap_or_else(|_| vec![u.gid]);
+    Ok(RunAs {
+        uid: u.uid,
+        gid: u.gid,
+        groups,
+        home: u.dir,
+        name: u.name,
+    })
+}
+
+/// The signals `run` passes on to CMD when they are sent to `run` itself.
+const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+fn forwarded_set() -> libc::sigset_t {
+    // SAFETY: sigset operations on a local, initialised set.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGHUP);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        for s in FORWARDED {
+            libc::sigaddset(&mut set, s);
+        }
+        set
+    }
+}
+
+pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
+    let mp = find_mount(a.mount.clone())?;
+    let sock = socket_for(&mp)?;
+    let user = a.user.as_deref().map(run_as).transpose()?;
+    let req = RegisterRequest {
+        agent: a.agent.clone(),
+        intent: a.intent.clone(),
+        intents: a.intents.clone(),
+        require_read: a.require_read,
+        uid: user.as_ref().map(|u| u.uid.as_raw()),
+    };
+    // The daemon moves this very process into the new identity before it answers: CMD,
+    // started next, is born inside it.
+    let reg = match talk(&sock, &Request::Register(req)) {
+        Ok(r) => r.registered.ok_or_else(|| anyhow!("the daemon granted no identity"))?,
+        Err(e) => bail!(
+            "the mount at {} gave {:?} no identity of its own: {e:#}\nhint: identities are \
+             granted by the mount's owner (or root) over its control socket; run `intentfs run` \
+             as that user, with --user to start the agent under another uid",
+            mp.display(),
+            a.cmd[0]
+        ),
+    };
+    if reg.tracking == "ancestry" {
+        // Orphans of CMD (daemonized, `setsid`-ed) are re-parented to this process instead
+        // of init, so they stay descendants of the identity's anchor.
+        nix::sys::prctl::set_child_subreaper(true).context("PR_SET_CHILD_SUBREAPER")?;
+    }
+    // Block the forwarded signals before any thread exists, so the forwarding thread
+    // inherits the mask and receives them (std resets the child's mask at spawn).
+    let set = forwarded_set();
+    // SAFETY: pthread_sigmask on this thread with a valid set.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    let mut cmd = std::process::Command::new(&a.cmd[0]);
+    cmd.args(&a.cmd[1..]);
+    if let Some(u) = &user {
+        cmd.env("HOME", &u.home)
+            .env("USER", &u.name)
+            .env("LOGNAME", &u.name);
+        let (uid, gid, groups) = (u.uid, u.gid, u.groups.clone());
+        // SAFETY: the closure runs in the child between fork and exec and only makes the
+        // setgroups/setgid/setuid syscalls, on values prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::unistd::setgroups(&groups)?;
+                nix::unistd::setgid(gid)?;
+                nix::unistd::setuid(uid)?;
+                Ok(())
+            });
+        }
     }
     if a.verify {
         cmd.stdout(std::process::Stdio::piped())
@@ -134,19 +190,18 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
-        // EPERM comes from the session registration in the child (exec says EACCES).
-        Err(e) if a.intent.is_some() && e.raw_os_error() == Some(libc::EPERM) => bail!(
-            "the mount at {} refused to give {:?} an identity of its own: the daemon cannot \
-             see this process (it runs in another pid namespace, e.g. a sidecar container, \
-             so the caller's pid is not visible to it)\n\
-             hint: every process is then the mount's default identity; select the intent \
-             with `echo ID > {}/intent` instead, or run one mount per agent container \
-             (README: Containers)",
-            mp.display(),
-            a.cmd[0],
-            ctl.display()
-        ),
-        Err(e) => return Err(e).with_context(|| format!("starting {:?}", a.cmd[0])),
+        Err(e) => {
+            let code: u8 = match e.raw_os_error() {
+                Some(libc::ENOENT) => 127,
+                Some(libc::EPERM) if user.is_some() => {
+                    eprintln!("intentfs run: --user needs root (or CAP_SETUID/CAP_SETGID): {e}");
+                    return Ok(ExitCode::from(126));
+                }
+                _ => 126,
+            };
+            eprintln!("intentfs run: {}: {e}", a.cmd[0]);
+            return Ok(ExitCode::from(code));
+        }
     };
     let captured = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
     let mut pumps = Vec::new();
@@ -156,25 +211,24 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(err) = child.stderr.take() {
         pumps.push(pump(err, std::io::stderr(), captured.clone()));
     }
-    // The child is in its own session, so terminal signals reach only us: forward them.
+    // CMD is in our process group: a signal from the terminal reaches it directly. One
+    // sent to this process alone (kill from a supervisor) is passed on.
     let pid = child.id() as i32;
-    std::thread::spawn(move || {
-        // SAFETY: sigset operations on a local set, sigwait in this thread only.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGINT);
-            libc::sigaddset(&mut set, libc::SIGTERM);
-            libc::sigaddset(&mut set, libc::SIGHUP);
-            loop {
-                let mut sig = 0;
-                if libc::sigwait(&set, &mut sig) == 0 {
-                    libc::kill(-pid, sig);
-                }
-            }
+    std::thread::spawn(move || loop {
+        // SAFETY: a zeroed siginfo is a valid out-parameter; `set` is initialised.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let sig = unsafe { libc::sigwaitinfo(&set, &mut info) };
+        if sig > 0 && matches!(info.si_code, libc::SI_USER | libc::SI_QUEUE) {
+            // SAFETY: kill has no memory preconditions.
+            unsafe { libc::kill(pid, sig) };
         }
     });
     let status = child.wait()?;
+    if reg.tracking == "ancestry" {
+        // The identity is anchored here: stay until every process of it has ended.
+        while nix::sys::wait::wait().is_ok() {}
+    }
     for p in pumps {
         let _ = p.join();
     }
@@ -182,16 +236,20 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
         let output =
             String::from_utf8_lossy(&captured.lock().map(|b| b.clone()).unwrap_or_default())
                 .into_owned();
-        let lesson = serde_json::json!({
-            "command": a.cmd.join(" "),
-            "status": status.code().unwrap_or(128 + status.signal().unwrap_or(0)),
-            "output": output,
-            "intent": a.intent,
-            "agent": a.agent,
-        });
-        match std::fs::write(ctl.join("lesson"), lesson.to_string()) {
-            Ok(()) => eprintln!("intentfs: verification failed; lesson recorded in CLAUDE.md"),
-            Err(e) => eprintln!("intentfs: verification failed; could not record the lesson: {e}"),
+        let lesson = LessonRequest {
+            identity: reg.identity.clone(),
+            command: a.cmd.join(" "),
+            status: status
+                .code()
+                .unwrap_or(128 + status.signal().unwrap_or(0)),
+            output,
+        };
+        match talk(&sock, &Request::Lesson(lesson)) {
+            Ok(r) => eprintln!(
+                "intentfs: verification failed; lesson recorded in {}",
+                r.file.as_deref().unwrap_or("the lessons file")
+            ),
+            Err(e) => eprintln!("intentfs: verification failed; could not record the lesson: {e:#}"),
         }
     }
     Ok(match (status.code(), status.signal()) {

@@ -1,18 +1,34 @@
-//! Per-mount runtime files (pid, log) outside the workspace and outside the mount:
-//! `/run/intentfs/<mount>/` for root, `$XDG_RUNTIME_DIR/intentfs/<mount>/` otherwise.
+//! Per-mount runtime files (control socket, pid, log) outside the workspace and outside the
+//! mount: `/run/intentfs/<mount>/` for root, `$XDG_RUNTIME_DIR/intentfs/<mount>/` otherwise.
+//!
+//! The directory is the mount owner's private place: whoever can put files there receives
+//! the owner's `intentfs approve` (the control socket) and chooses where the daemon writes.
+//! So it is used only after checking it: the runtime directory and the mount's directory
+//! in it must be directories (not symlinks) owned by the user, mode 0700, and every
+//! directory above them owned by root or the user and not writable by others unless
+//! sticky. Files in it are opened relative to the verified directory without following
+//! symlinks. A directory that fails is refused with how to fix it, never "repaired".
 
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
+
+/// The runtime directory of this user: where every mount's directory goes.
+fn base_dir() -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    if uid == 0 {
+        PathBuf::from("/run/intentfs")
+    } else if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR").filter(|x| !x.is_empty()) {
+        PathBuf::from(x).join("intentfs")
+    } else {
+        // Only after the checks below: another user may have made it first.
+        std::env::temp_dir().join(format!("intentfs-{uid}"))
+    }
+}
 
 /// The runtime directory of the mount at `mountpoint` (canonical path).
 pub fn dir_for(mountpoint: &Path) -> PathBuf {
-    // SAFETY: geteuid has no preconditions.
-    let base = if unsafe { libc::geteuid() } == 0 {
-        PathBuf::from("/run/intentfs")
-    } else if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR") {
-        PathBuf::from(x).join("intentfs")
-    } else {
-        std::env::temp_dir().join(format!("intentfs-{}", unsafe { libc::geteuid() }))
-    };
     let key: String = mountpoint
         .to_string_lossy()
         .trim_start_matches('/')
@@ -25,31 +41,159 @@ pub fn dir_for(mountpoint: &Path) -> PathBuf {
             }
         })
         .collect();
-    base.join(if key.is_empty() { "root".into() } else { key })
+    base_dir().join(if key.is_empty() { "root".into() } else { key })
 }
 
-/// Create the runtime directory, private to the mount's owner.
-pub fn create(mountpoint: &Path) -> std::io::Result<PathBuf> {
-    use std::os::unix::fs::DirBuilderExt;
+/// How to fix a runtime directory that fails the checks.
+fn hint() -> &'static str {
+    "hint: the runtime directory holds the mount's control socket, so it must be private to \
+     the mount's owner. Set XDG_RUNTIME_DIR to a directory only you can write (e.g. \
+     `export XDG_RUNTIME_DIR=/run/user/$(id -u)`), or remove the offending directory after \
+     checking who made it"
+}
+
+/// Check one directory of the chain: `private` for the runtime directories themselves
+/// (ours, 0700, not a symlink), otherwise a parent (root's or ours, not writable by others
+/// unless sticky).
+fn check_dir(d: &Path, private: bool, me: u32) -> Result<(), String> {
+    let m = if private {
+        std::fs::symlink_metadata(d)
+    } else {
+        std::fs::metadata(d)
+    }
+    .map_err(|e| format!("{}: {e}", d.display()))?;
+    if private && m.file_type().is_symlink() {
+        return Err(format!(
+            "runtime directory {} is a symbolic link: refusing to use it\n{}",
+            d.display(),
+            hint()
+        ));
+    }
+    if !m.is_dir() {
+        return Err(format!("{} is not a directory\n{}", d.display(), hint()));
+    }
+    let mode = m.mode() & 0o7777;
+    if private {
+        if m.uid() != me {
+            return Err(format!(
+                "runtime directory {} belongs to uid {}, not to you (uid {me}): another user may \
+                 have made it to take over this mount's control socket\n{}",
+                d.display(),
+                m.uid(),
+                hint()
+            ));
+        }
+        if mode & 0o077 != 0 {
+            return Err(format!(
+                "runtime directory {} has mode {mode:04o}; it must be 0700\n{}",
+                d.display(),
+                hint()
+            ));
+        }
+    } else {
+        if m.uid() != 0 && m.uid() != me {
+            return Err(format!(
+                "{} (above the runtime directory) belongs to uid {}, not to you or root\n{}",
+                d.display(),
+                m.uid(),
+                hint()
+            ));
+        }
+        if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+            return Err(format!(
+                "{} (above the runtime directory) has mode {mode:04o}: others can replace what \
+                 is in it\n{}",
+                d.display(),
+                hint()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Verify the runtime directory of a mount and everything above it (see the module doc).
+pub fn verify(dir: &Path) -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let base = dir.parent().unwrap_or(dir);
+    check_dir(dir, true, me)?;
+    check_dir(base, true, me)?;
+    let mut up = base.parent();
+    while let Some(d) = up {
+        check_dir(d, false, me)?;
+        up = d.parent();
+    }
+    Ok(())
+}
+
+/// The verified runtime directory of a mount, held open: files are made in it relative to
+/// this handle, never through a path a symlink could redirect.
+pub struct RuntimeDir {
+    /// Its path (for messages and for clients).
+    pub path: PathBuf,
+    fd: OwnedFd,
+}
+
+impl RuntimeDir {
+    /// Open (creating, mode 0600) `name` in the directory, not following a symlink.
+    pub fn open_file(&self, name: &str, append: bool) -> std::io::Result<std::fs::File> {
+        let flags = libc::O_WRONLY
+            | libc::O_CREAT
+            | libc::O_NOFOLLOW
+            | libc::O_CLOEXEC
+            | if append { libc::O_APPEND } else { 0 };
+        let fd = crate::fs::sys::openat_mode(self.fd.as_fd(), std::ffi::OsStr::new(name), flags, 0o600)?;
+        Ok(std::fs::File::from(fd))
+    }
+
+    /// A path to `name` through this process's handle of the directory (for `bind`).
+    pub fn via_fd(&self, name: &str) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}/{name}", self.fd.as_raw_fd()))
+    }
+
+    /// Remove `name` from the directory (not following symlinks).
+    pub fn remove(&self, name: &str) {
+        let _ = crate::fs::sys::unlink_at(self.fd.as_fd(), std::ffi::OsStr::new(name), false);
+    }
+}
+
+/// Create (or check) the runtime directory of the mount at `mountpoint`, private to the
+/// mount's owner.
+pub fn create(mountpoint: &Path) -> anyhow::Result<RuntimeDir> {
     let d = dir_for(mountpoint);
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&d)?;
-    Ok(d)
+    let base = d.parent().unwrap_or(&d).to_path_buf();
+    for dir in [&base, &d] {
+        match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && dir == &base => {
+                anyhow::bail!(
+                    "cannot create the runtime directory {}: {e} (the directory above it is missing)\n{}",
+                    base.display(),
+                    hint()
+                );
+            }
+            Err(e) => anyhow::bail!("cannot create the runtime directory {}: {e}", dir.display()),
+        }
+    }
+    verify(&d).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let fd = crate::fs::sys::open_dir_nofollow(&d)
+        .map_err(|e| anyhow::anyhow!("opening the runtime directory {}: {e}", d.display()))?;
+    // The handle must be the directory checked above (not one swapped in since).
+    let st = crate::fs::sys::stat_fd(fd.as_fd())?;
+    // SAFETY: geteuid has no preconditions.
+    if st.st_uid != unsafe { libc::geteuid() } || st.st_mode & 0o077 != 0 {
+        anyhow::bail!("runtime directory {} changed while it was checked\n{}", d.display(), hint());
+    }
+    Ok(RuntimeDir { path: d, fd })
 }
 
 /// Write the daemon's pid file and hold an exclusive `flock` on it for the daemon's life:
 /// `intentfs umount` waits on the lock, which works also when the daemon runs in another pid
 /// namespace (where the pid it writes means nothing to the caller). Keep the file open.
-pub fn hold_pid_file(rt: &Path) -> std::io::Result<std::fs::File> {
+pub fn hold_pid_file(rt: &RuntimeDir) -> std::io::Result<std::fs::File> {
     use std::io::Write;
-    use std::os::fd::AsRawFd;
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(rt.join("pid"))?;
+    let mut f = rt.open_file("pid", false)?;
     // SAFETY: flock on an fd we own.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err(std::io::Error::last_os_error());
@@ -64,7 +208,11 @@ pub fn hold_pid_file(rt: &Path) -> std::io::Result<std::fs::File> {
 pub fn wait_daemon_exit(mountpoint: &Path, max: std::time::Duration) -> bool {
     use std::os::fd::AsRawFd;
     let start = std::time::Instant::now();
-    let Ok(f) = std::fs::File::open(dir_for(mountpoint).join("pid")) else {
+    let dir = dir_for(mountpoint);
+    if verify(&dir).is_err() {
+        return true;
+    }
+    let Ok(f) = std::fs::File::open(dir.join("pid")) else {
         return true;
     };
     loop {
@@ -98,29 +246,10 @@ pub fn intentfs_mounts() -> Vec<PathBuf> {
             continue;
         }
         if let Some(mp) = left.split_whitespace().nth(4) {
-            out.push(PathBuf::from(unescape(mp)));
+            out.push(PathBuf::from(crate::guard::tracking::unescape_mountinfo(mp)));
         }
     }
     out
-}
-
-/// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Is `path` an intentfs mountpoint?

@@ -66,7 +66,7 @@ pub fn run(a: UmountArgs) -> anyhow::Result<ExitCode> {
     if let Err(e) = unmount(&mp, a.lazy) {
         // Busy because agents wait for a human: reject their requests and unmount as SIGTERM
         // does, through the daemon (which may run where no signal of ours reaches).
-        let sock = super::approvals::socket_for(&mp);
+        let sock = super::approvals::socket_for(&mp)?;
         let pending = super::approvals::list_at(&sock)
             .map(|p| p.len())
             .unwrap_or(0);

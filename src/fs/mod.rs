@@ -14,6 +14,7 @@ pub mod error;
 pub mod hash;
 pub mod inode;
 mod lesson;
+pub mod operator;
 pub mod ops;
 mod stale;
 pub mod sys;
@@ -115,6 +116,12 @@ pub struct FileHandle {
     /// The last write check found the file changed since this handle's previous write
     /// (by anyone, the identity included): the in-order hash no longer holds.
     pub disturbed: AtomicBool,
+    /// Names this handle's entries in the ledger: its `CREATE` or `WRITE_BEGIN` (written
+    /// before the first byte lands) and the `WRITE` that completes it carry it as
+    /// `detail.handle`, so content a crash leaves is attributed to the handle that wrote it.
+    pub token: String,
+    /// Its `CREATE` or `WRITE_BEGIN` is on record.
+    pub begun: AtomicBool,
 }
 
 /// An open control file: its rendered content, and what was written to it.
@@ -631,6 +638,39 @@ impl Fs {
         }
     }
 
+    /// A git ref moved through the mount (`HEAD`, `refs/…`, see `policy::git::ref_name`):
+    /// ledgered with its old and new value, so a branch, commit, reset or stash by an agent
+    /// is on record although git's internals are not, file by file.
+    pub(crate) fn record_ref(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        rel: &Path,
+        old: Option<String>,
+        new: Option<String>,
+    ) -> Result<()> {
+        let Some(name) = crate::policy::git::ref_name(rel) else {
+            return Ok(());
+        };
+        let Some(l) = &self.ledger else { return Ok(()) };
+        if old == new {
+            return Ok(());
+        }
+        let draft = Draft {
+            intent_id: ident.intent(),
+            agent: Some(self.agent(ident, caller)),
+            mutation_type: Some(MutationType::Ref),
+            path: Some(rel.to_path_buf()),
+            outcome: "ok".into(),
+            detail: Some(serde_json::json!({ "ref": name, "old": old, "new": new })),
+            ..Default::default()
+        };
+        if let Err(e) = l.record(draft) {
+            return Err(self.ledger_denial(ident, "ref", rel, &e.to_string()));
+        }
+        Ok(())
+    }
+
     /// Ledger a completed mutation (durably: the syscall is acknowledged after).
     pub(crate) fn record(
         &self,
@@ -642,8 +682,8 @@ impl Fs {
     ) -> Result<()> {
         ident.mutations.fetch_add(1, Ordering::Relaxed);
         self.counters.mutations.fetch_add(1, Ordering::Relaxed);
-        // `.git/` internals are not ledgered file by file.
-        if rel.starts_with(".git") {
+        // Git's internals are not ledgered file by file (ref moves are, see `record_ref`).
+        if stale::untracked(rel) {
             return Ok(());
         }
         let Some(l) = &self.ledger else { return Ok(()) };

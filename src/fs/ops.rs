@@ -500,7 +500,11 @@ impl Fs {
         if !is_dir {
             self.check_stale_at(&ident, caller, "unlink", &rel, pfd.as_fd(), name)?;
         }
+        let old_ref = crate::policy::git::ref_name(&rel).and_then(|_| sys::read_ref_at(pfd.as_fd(), name));
         sys::unlink_at(pfd.as_fd(), name, is_dir)?;
+        if old_ref.is_some() {
+            self.record_ref(&ident, caller, &rel, old_ref, None)?;
+        }
         ident.forget_path(&rel);
         if !is_dir && st.st_nlink <= 1 {
             self.hashes.forget(st.st_dev, st.st_ino);
@@ -613,8 +617,19 @@ impl Fs {
                 let name = OsStr::from_bytes(&e.name);
                 let rel = sub.join(name);
                 let is_dir = e.kind == libc::DT_DIR;
-                self.authorize_as(ident, caller, "rename", &old.join(&rel), is_dir)?;
-                self.authorize_as(ident, caller, "rename", &new.join(&rel), is_dir)?;
+                let (o, n) = (old.join(&rel), new.join(&rel));
+                self.authorize_as(ident, caller, "rename", &o, is_dir)?;
+                self.authorize_as(ident, caller, "rename", &n, is_dir)?;
+                // Moving a secret to a name that is not sensitive would expose it, as for
+                // a file renamed on its own.
+                if !is_dir {
+                    let intent = ident.intent();
+                    if let Err(d) = self.guard.check_read(intent.as_deref(), &o) {
+                        if self.guard.check_read(intent.as_deref(), &n).is_ok() {
+                            self.sensitive_read(ident, caller, &o, d)?;
+                        }
+                    }
+                }
                 if is_dir {
                     if let Ok(cfd) = sys::open_path(dfd.as_fd(), name) {
                         stack.push((cfd, rel));
@@ -725,7 +740,16 @@ impl Fs {
         if dst.is_some() {
             self.check_stale_at(&ident, caller, "rename", &to, npfd.as_fd(), newname)?;
         }
+        let moved_ref = crate::policy::git::ref_name(&to).map(|_| {
+            (
+                sys::read_ref_at(npfd.as_fd(), newname),
+                sys::read_ref_at(pfd.as_fd(), name),
+            )
+        });
         sys::rename_at(pfd.as_fd(), name, npfd.as_fd(), newname, flags)?;
+        if let Some((old, new)) = moved_ref {
+            self.record_ref(&ident, caller, &to, old, new)?;
+        }
         if exchange {
             ident.swap_paths(&from, &to);
         } else {
@@ -827,6 +851,12 @@ impl Fs {
         } else {
             (None, None)
         };
+        let token = uuid::Uuid::new_v4().to_string();
+        // O_TRUNC changes the content inside the open: on record before it lands.
+        let truncates = write_rel.is_some() && flags & libc::O_TRUNC != 0;
+        if let (true, Some(rel)) = (truncates, &write_rel) {
+            self.record_begin(&ident, caller, rel, pre_hash.clone(), &token)?;
+        }
         let file = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), flags)?;
         if flags & libc::O_TRUNC != 0 && caller.uid != 0 {
             self.kill_suidgid(file.as_fd(), caller);
@@ -868,6 +898,8 @@ impl Fs {
             open_rels,
             seq: Mutex::new(Default::default()),
             disturbed: AtomicBool::new(false),
+            token,
+            begun: AtomicBool::new(truncates),
         };
         let mut keep_cache = false;
         let mut passthrough = false;
@@ -938,8 +970,7 @@ impl Fs {
                 direct_io: true,
                 keep_cache: false,
                 passthrough: false,
-                // The lesson file is appended at close.
-                noflush: acc == libc::O_RDONLY,
+                noflush: true,
             },
         ))
     }
@@ -1006,9 +1037,11 @@ impl Fs {
         // The creation is on record before the kernel sees the file. If the ledger cannot
         // take it now, the create fails (fail closed); the entry stays queued and lands when
         // the ledger can be written again, so the file that exists is never off the record.
+        let token = uuid::Uuid::new_v4().to_string();
         let draft = Draft {
             content_hash: Some(crate::ledger::sha256_bytes(b"")),
             size: Some(0),
+            detail: Some(serde_json::json!({ "handle": token })),
             ..Default::default()
         };
         if let Err(e) = self.record(&ident, caller, MutationType::Create, &rel, draft) {
@@ -1036,6 +1069,8 @@ impl Fs {
             open_rels: vec![rel.clone()],
             seq: Mutex::new(Default::default()),
             disturbed: AtomicBool::new(false),
+            token,
+            begun: AtomicBool::new(true),
         };
         self.prepare_write_handle(&h, &rel);
         let h = Arc::new(h);
@@ -1184,32 +1219,38 @@ impl Fs {
         let text = String::from_utf8_lossy(&c.written).into_owned();
         let ident = self.ids.resolve(caller.pid);
         let rules = self.guard.rules();
-        match control::apply_write(c.file, &ident, &self.ids, &rules.policy, caller.pid, &text) {
-            Ok(()) => {
-                if c.file == CtlFile::Intent {
-                    tracing::info!(agent = %ident.name, identity = %ident.key(), "intent selected: {}", text.trim());
+        match control::apply_write(c.file, &ident, &rules.policy, &text) {
+            Ok(None) => Ok(data.len()),
+            Ok(Some((from, to))) => {
+                tracing::info!(agent = %ident.name, identity = %ident.key, "intent {from:?} -> {to:?}");
+                if let Some(l) = &self.ledger {
+                    let draft = Draft {
+                        intent_id: to.clone(),
+                        agent: Some(self.agent(&ident, caller)),
+                        mutation_type: Some(MutationType::Intent),
+                        outcome: "ok".into(),
+                        detail: Some(serde_json::json!({ "from": from, "to": to })),
+                        ..Default::default()
+                    };
+                    if let Err(e) = l.record(draft) {
+                        // The switch is undone: a selection that is not on record did not happen.
+                        *ident.intent.lock() = from;
+                        return Err(self.ledger_denial(&ident, "select-intent", Path::new(".intentfs/intent"), &e.to_string()));
+                    }
                 }
                 Ok(data.len())
             }
-            Err(control::WriteError::Invalid(m)) => {
-                tracing::info!(agent = %ident.name, "handshake refused: {m}");
-                err(libc::EINVAL)
-            }
-            Err(control::WriteError::NotPermitted(m)) => {
-                tracing::info!(agent = %ident.name, "control write refused: {m}");
-                err(libc::EPERM)
+            Err(control::WriteError { errno, denial }) => {
+                tracing::info!(agent = %ident.name, "handshake refused: {}", denial.message);
+                let _ = self.deny(&ident, caller, denial);
+                err(errno)
             }
         }
     }
 
     pub fn flush(&self, caller: &Caller, fh: u64) -> Result<()> {
-        if let Some(c) = self.ctl_handle(fh) {
-            let mut c = c.lock();
-            if c.file == CtlFile::Lesson && !c.written.is_empty() {
-                let text = std::mem::take(&mut c.written);
-                let ident = self.ids.resolve(caller.pid);
-                return self.append_lesson(&ident, &text);
-            }
+        let _ = caller;
+        if self.ctl_handle(fh).is_some() {
             return Ok(());
         }
         let h = self.file_handle(fh)?;

@@ -34,9 +34,10 @@ fn race_stamp(st: &sys::Stat) -> Stamp {
     }
 }
 
-/// `.git/` internals are neither ledgered nor tracked as seen, file by file.
+/// Git's internals (inside any `.git` directory) are neither ledgered nor tracked as seen,
+/// file by file: git keeps its own locks.
 pub(crate) fn untracked(rel: &Path) -> bool {
-    rel.starts_with(".git")
+    crate::policy::git::in_git_dir(rel)
 }
 
 impl Fs {
@@ -517,7 +518,8 @@ impl Fs {
             }
         }
         self.check_write_race(h)?;
-        if !h.pre_captured.swap(true, Ordering::AcqRel) {
+        let first = !h.pre_captured.swap(true, Ordering::AcqRel);
+        if first {
             let rel = self.display_rel(&h.node);
             if !untracked(&rel) {
                 if let Ok(fd) = self.fd(&h.node) {
@@ -532,7 +534,24 @@ impl Fs {
                 }
             }
         }
-        Ok(())
+        self.begin_write(h)
+    }
+
+    /// Put the handle's `WRITE_BEGIN` on record before its first change lands (once per
+    /// handle; a handle that created its file has its `CREATE`). The entry names the
+    /// content before (when known) and the handle's token; if it cannot be written, the
+    /// change is refused like any mutation the ledger cannot take.
+    pub(crate) fn begin_write(&self, h: &FileHandle) -> Result<()> {
+        if h.begun.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let rel = self.display_rel(&h.node);
+        let prev = h.prev_hash.lock().clone();
+        let r = self.record_begin(&h.identity, &h.caller, &rel, prev, &h.token);
+        if r.is_err() {
+            h.begun.store(false, Ordering::Release);
+        }
+        r
     }
 
     /// Ledger a handle's writes if it wrote since its last entry, and record the result as
@@ -598,6 +617,7 @@ impl Fs {
                 draft.prev_content_hash = h.prev_hash.lock().take();
             }
             *h.pre_image.lock() = None;
+            with_token(&mut draft, h);
             return self.record(&h.identity, &h.caller, MutationType::Write, &rel, draft);
         }
         let reopened = self
@@ -654,7 +674,39 @@ impl Fs {
                 draft.prev_content_hash = h.prev_hash.lock().replace(hash::to_string(&h32));
             }
         }
+        with_token(&mut draft, h);
         self.record(&h.identity, &h.caller, MutationType::Write, &rel, draft)
+    }
+
+    /// The `WRITE_BEGIN` entry of handle `token` about to change `rel`.
+    pub(crate) fn record_begin(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        rel: &Path,
+        prev: Option<String>,
+        token: &str,
+    ) -> Result<()> {
+        if untracked(rel) {
+            return Ok(());
+        }
+        let draft = Draft {
+            prev_content_hash: prev,
+            detail: Some(serde_json::json!({ "handle": token })),
+            ..Default::default()
+        };
+        self.record(ident, caller, MutationType::WriteBegin, rel, draft)
+    }
+}
+
+/// `detail.handle` of a WRITE entry: the token of the `CREATE`/`WRITE_BEGIN` it completes.
+fn with_token(draft: &mut Draft, h: &FileHandle) {
+    if !h.begun.load(Ordering::Acquire) {
+        return;
+    }
+    let d = draft.detail.get_or_insert_with(|| serde_json::json!({}));
+    if let Some(m) = d.as_object_mut() {
+        m.insert("handle".into(), h.token.clone().into());
     }
 }
 

@@ -69,6 +69,48 @@ pub fn open_root(path: &std::path::Path) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// `openat(dir, name, flags, mode)` of a single name (the caller passes `O_NOFOLLOW`
+/// where a symlink must not be followed).
+pub fn openat_mode(dir: BorrowedFd<'_>, name: &OsStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    if !valid_name(name) {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let c = cstr(name)?;
+    // SAFETY: valid C string and dirfd; we own the returned fd.
+    let fd = check(unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags, mode as libc::c_uint) })?;
+    // SAFETY: fresh fd from openat.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The first line of a small file `dir/name` (a git ref), not following a symlink.
+pub fn read_ref_at(dir: BorrowedFd<'_>, name: &OsStr) -> Option<String> {
+    let fd = openat_mode(
+        dir,
+        name,
+        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        0,
+    )
+    .ok()?;
+    let mut buf = [0u8; 512];
+    let n = std::io::Read::read(&mut std::fs::File::from(fd), &mut buf).ok()?;
+    let text = std::str::from_utf8(&buf[..n]).ok()?;
+    Some(text.lines().next().unwrap_or("").trim().to_string())
+}
+
+/// Open a directory by path, refusing a symlink as its last component.
+pub fn open_dir_nofollow(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let c = cstr(path.as_os_str())?;
+    // SAFETY: valid C string; we own the returned fd.
+    let fd = check(unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    })?;
+    // SAFETY: fresh fd from open.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`.
 pub fn stat_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<Stat> {
     let c = cstr(name)?;

@@ -1,7 +1,8 @@
-//! Identities: who is acting. The mount has a default identity; a process tree started by
-//! `intentfs run` registers its POSIX session as an identity of its own. A request is
-//! attributed by its caller's session, read from `/proc/<pid>/stat`; a caller whose pid is
-//! not visible (0, another pid namespace) falls back to the default identity.
+//! Identities: who is acting, and what each one is allowed and has seen. The mount has a
+//! default identity; the operator grants others with `intentfs run` over the control socket
+//! (see [`super::tracking`] for how a request is attributed to one). Nothing here trusts
+//! what an agent says about itself: an identity's name, its selectable intents and its
+//! `--require-read` are fixed when the operator grants it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::AtomicBool;
@@ -10,9 +11,9 @@ use std::time::{Duration, Instant};
 use globset::GlobMatcher;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
+
+use parking_lot::Mutex;
 
 use super::stale::Seen;
 use super::{Code, Denial};
@@ -27,12 +28,58 @@ pub fn tick() -> u64 {
     CLOCK.fetch_add(1, Ordering::AcqRel)
 }
 
+/// Which intents an identity may select: fixed by the operator when the identity is granted
+/// (`mount --intent`, `run --intent` lock it; `run --intents` lists them or says `all`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Intents {
+    /// Exactly this intent, selected from the start.
+    Locked(String),
+    /// Any of these (the agent chooses with the handshake).
+    Among(Vec<String>),
+    /// Any intent of the policy.
+    All,
+}
+
+impl Intents {
+    /// May an identity with these bounds select `id`?
+    pub fn allows(&self, id: &str) -> bool {
+        match self {
+            Intents::Locked(x) => x == id,
+            Intents::Among(v) => v.iter().any(|x| x == id),
+            Intents::All => true,
+        }
+    }
+
+    /// For people: `INT-001 (locked)`, `INT-001, INT-002`, `all`.
+    pub fn describe(&self) -> String {
+        match self {
+            Intents::Locked(x) => format!("{x} (locked)"),
+            Intents::Among(v) => v.join(", "),
+            Intents::All => "all".into(),
+        }
+    }
+
+    /// The intent selected at grant time.
+    pub fn initial(&self) -> Option<String> {
+        match self {
+            Intents::Locked(x) => Some(x.clone()),
+            Intents::Among(v) if v.len() == 1 => Some(v[0].clone()),
+            _ => None,
+        }
+    }
+}
+
 /// One acting identity and its governance state.
 pub struct Identity {
-    /// Display name (`--agent`).
+    /// Display name (`--agent`), chosen by the operator.
     pub name: String,
-    /// The session id, `None` for the mount's default identity.
-    pub session: Option<i32>,
+    /// `default`, or `run:<pid of the intentfs run process>` for an identity the operator
+    /// granted (see [`super::tracking`]).
+    pub key: String,
+    /// The intents this identity may select (the operator's bound).
+    pub allowed: Intents,
+    /// The uid the operator started the identity's command as (`run --user`), for `status`.
+    pub uid: Option<u32>,
     /// The selected intent id.
     pub intent: Mutex<Option<String>>,
     /// The most recent denial.
@@ -43,7 +90,8 @@ pub struct Identity {
     pub mutations: AtomicU64,
     /// Stale-file refusals so far.
     pub stale_refusals: AtomicU64,
-    /// `--require-read`: overwriting or deleting a file this identity never read is refused.
+    /// `--require-read`: overwriting or deleting a file this identity never read is refused
+    /// (the mount's setting, or the run's when it tightens it).
     pub require_read: bool,
     /// What this identity last saw of each file, by workspace-relative path.
     pub seen: Mutex<HashMap<PathBuf, SeenBy>>,
@@ -109,15 +157,20 @@ impl Default for Breaker {
 }
 
 impl Identity {
-    fn new(
+    /// A new identity; its intent is the one `allowed` selects from the start, if any.
+    pub fn new(
         name: String,
-        session: Option<i32>,
-        intent: Option<String>,
+        key: String,
+        allowed: Intents,
+        uid: Option<u32>,
         require_read: bool,
     ) -> Identity {
+        let intent = allowed.initial();
         Identity {
             name,
-            session,
+            key,
+            allowed,
+            uid,
             intent: Mutex::new(intent),
             last_error: Mutex::new(None),
             denials: AtomicU64::new(0),
@@ -233,12 +286,9 @@ impl Identity {
         }
     }
 
-    /// `default` or `session:<sid>`.
+    /// `default` or `run:<pid>`.
     pub fn key(&self) -> String {
-        match self.session {
-            None => "default".into(),
-            Some(s) => format!("session:{s}"),
-        }
+        self.key.clone()
     }
 
     pub fn intent(&self) -> Option<String> {
@@ -264,43 +314,15 @@ pub struct SeenBy {
     pub at: u64,
 }
 
-/// All identities of one mount.
-pub struct Identities {
-    default: Arc<Identity>,
-    sessions: RwLock<HashMap<i32, Arc<Identity>>>,
-}
-
 /// One `read` of `/proc/<pid>/<file>` into `buf`: these files are small, and a single read
 /// returns them whole when `buf` is large enough (`read_to_string` would stat the file and
 /// read until a second, empty read). The byte count; None for pid 0 or a process not seen.
-fn read_proc(pid: u32, file: &str, buf: &mut [u8]) -> Option<usize> {
+pub(crate) fn read_proc(pid: u32, file: &str, buf: &mut [u8]) -> Option<usize> {
     if pid == 0 {
         return None;
     }
     let mut f = std::fs::File::open(format!("/proc/{pid}/{file}")).ok()?;
     std::io::Read::read(&mut f, buf).ok()
-}
-
-/// The session id and command name of a process, from `/proc/<pid>/stat`.
-pub fn proc_session(pid: u32) -> Option<(i32, String)> {
-    // The line is a few hundred bytes (`comm` is at most 15).
-    let mut buf = [0u8; 1024];
-    let n = read_proc(pid, "stat", &mut buf)?;
-    let stat = if n < buf.len() {
-        String::from_utf8_lossy(&buf[..n]).into_owned()
-    } else {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?
-    };
-    let open = stat.find('(')?;
-    let close = stat.rfind(')')?;
-    let comm = stat.get(open + 1..close)?.to_string();
-    // After ") ": state ppid pgrp session ...
-    let mut fields = stat.get(close + 2..)?.split_whitespace();
-    let _state = fields.next()?;
-    let _ppid = fields.next()?;
-    let _pgrp = fields.next()?;
-    let sid = fields.next()?.parse().ok()?;
-    Some((sid, comm))
 }
 
 /// The process name of a pid, for the ledger (empty when not visible). From
@@ -314,111 +336,3 @@ pub fn proc_name(pid: u32) -> String {
     String::from_utf8_lossy(buf[..n].strip_suffix(b"\n").unwrap_or(&buf[..n])).into_owned()
 }
 
-impl Identities {
-    pub fn new(
-        default_name: String,
-        default_intent: Option<String>,
-        require_read: bool,
-    ) -> Identities {
-        Identities {
-            default: Arc::new(Identity::new(
-                default_name,
-                None,
-                default_intent,
-                require_read,
-            )),
-            sessions: RwLock::new(HashMap::new()),
-        }
-    }
-
-    pub fn default_identity(&self) -> &Arc<Identity> {
-        &self.default
-    }
-
-    /// The identity a request from `pid` acts as.
-    pub fn resolve(&self, pid: u32) -> Arc<Identity> {
-        if self.sessions.read().is_empty() {
-            return self.default.clone();
-        }
-        match proc_session(pid) {
-            Some((sid, _)) => self
-                .sessions
-                .read()
-                .get(&sid)
-                .cloned()
-                .unwrap_or_else(|| self.default.clone()),
-            None => self.default.clone(),
-        }
-    }
-
-    /// Register the caller's session as a new identity. Only a session leader may do so
-    /// (`intentfs run` calls `setsid` first), so a process cannot split its own session's
-    /// identity from its siblings'.
-    pub fn register(
-        &self,
-        pid: u32,
-        name: &str,
-        require_read: bool,
-    ) -> Result<Arc<Identity>, &'static str> {
-        let (sid, _) =
-            proc_session(pid).ok_or("the caller's process is not visible to the daemon")?;
-        if sid as u32 != pid {
-            return Err("only a session leader may register a session (intentfs run does this)");
-        }
-        let id = Arc::new(Identity::new(
-            name.to_string(),
-            Some(sid),
-            None,
-            require_read,
-        ));
-        self.sessions.write().insert(sid, id.clone());
-        Ok(id)
-    }
-
-    /// The identity with this key (`default` or `session:<sid>`).
-    pub fn by_key(&self, key: &str) -> Option<Arc<Identity>> {
-        if key == "default" || key == self.default.name {
-            return Some(self.default.clone());
-        }
-        let sessions = self.sessions.read();
-        if let Some(sid) = key
-            .strip_prefix("session:")
-            .and_then(|s| s.parse::<i32>().ok())
-        {
-            return sessions.get(&sid).cloned();
-        }
-        sessions.values().find(|i| i.name == key).cloned()
-    }
-
-    /// All identities, default first.
-    pub fn all(&self) -> Vec<Arc<Identity>> {
-        let mut v = vec![self.default.clone()];
-        let mut s: Vec<_> = self.sessions.read().values().cloned().collect();
-        s.sort_by_key(|i| i.session);
-        v.extend(s);
-        v
-    }
-
-    /// Free identities whose session has no process left. Returns how many were freed.
-    pub fn reap(&self) -> usize {
-        let sids: Vec<i32> = self.sessions.read().keys().copied().collect();
-        if sids.is_empty() {
-            return 0;
-        }
-        let mut alive = std::collections::HashSet::new();
-        if let Ok(rd) = std::fs::read_dir("/proc") {
-            for e in rd.flatten() {
-                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-                    continue;
-                };
-                if let Some((sid, _)) = proc_session(pid) {
-                    alive.insert(sid);
-                }
-            }
-        }
-        let mut map = self.sessions.write();
-        let before = map.len();
-        map.retain(|sid, _| alive.contains(sid));
-        before - map.len()
-    }
-}

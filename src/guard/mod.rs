@@ -10,6 +10,7 @@
 
 pub mod identity;
 pub mod stale;
+pub mod tracking;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -19,7 +20,8 @@ use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 
 use crate::policy::{IntentIgnore, Policy};
-pub use identity::{tick, Identities, Identity};
+pub use identity::{tick, Identity, Intents};
+pub use tracking::Identities;
 
 /// Why an operation was refused. Every code answers `EACCES` to the syscall.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -33,6 +35,8 @@ pub enum Code {
     ApprovalRejected,
     ApprovalTimeout,
     CircuitOpen,
+    /// A handshake refused: an unknown, non-selectable or not-allowed intent id.
+    InvalidIntent,
 }
 
 impl Code {
@@ -46,6 +50,7 @@ impl Code {
             Code::ApprovalRejected => "APPROVAL_REJECTED",
             Code::ApprovalTimeout => "APPROVAL_TIMEOUT",
             Code::CircuitOpen => "CIRCUIT_OPEN",
+            Code::InvalidIntent => "INVALID_INTENT",
         }
     }
 }
@@ -260,6 +265,22 @@ impl Guard {
                 format!("{} is protected: it is read-only through the mount whatever the intent", show(rel)),
                 "Do not modify governance files (.orchestration/, .intentignore, .git/hooks, .git/config). \
                  Ask the human to change them if the task requires it."
+                    .into(),
+            )
+            .with_rule(Some(rule)));
+        }
+        if let Some(rule) = crate::policy::git::exec_rule(rel, is_dir) {
+            return Err(Denial::new(
+                Code::ProtectedPath,
+                op,
+                rel,
+                intent,
+                format!(
+                    "{} is protected: git reads its configuration or runs programs from there, so no agent may write it",
+                    show(rel)
+                ),
+                "Do not change git's configuration, hooks or gitdir links. Commit, branch, stash and merge work as \
+                 usual; if the task needs a git setting, ask the human."
                     .into(),
             )
             .with_rule(Some(rule)));

@@ -206,15 +206,113 @@ fn scope_message_lists_a_few_globs_and_counts_the_rest() {
 }
 
 #[test]
-fn proc_session_reads_the_session_and_name_of_a_process() {
+fn proc_readers_read_parent_start_time_cgroup_and_name() {
     let pid = std::process::id();
-    let (sid, comm) = crate::guard::identity::proc_session(pid).expect("own process");
-    // SAFETY: getsid(0) has no preconditions.
-    assert_eq!(sid, unsafe { libc::getsid(0) });
+    let (ppid, start) = crate::guard::tracking::proc_parent(pid).expect("own process");
+    // SAFETY: getppid has no preconditions.
+    assert_eq!(ppid as i32, unsafe { libc::getppid() });
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let field22 = stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap();
+    assert_eq!(start, field22);
     let want = std::fs::read_to_string("/proc/self/comm").unwrap();
-    assert_eq!(comm, want.trim_end_matches('\n'));
-    assert_eq!(crate::guard::identity::proc_name(pid), comm);
+    assert_eq!(crate::guard::identity::proc_name(pid), want.trim_end_matches('\n'));
     assert_eq!(crate::guard::identity::proc_name(0), "");
     assert_eq!(crate::guard::identity::proc_name(u32::MAX), "");
-    assert!(crate::guard::identity::proc_session(u32::MAX).is_none());
+    assert!(crate::guard::tracking::proc_parent(u32::MAX).is_none());
+    let cg = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    if let Some(line) = cg.lines().find_map(|l| l.strip_prefix("0::")) {
+        assert_eq!(crate::guard::tracking::proc_cgroup(pid).as_deref(), Some(line));
+    }
+    assert_eq!(
+        crate::guard::tracking::unescape_mountinfo("/mnt/a\\040b\\134c"),
+        "/mnt/a b\\c"
+    );
+}
+
+/// An identity tracked by ancestry: the anchor's descendants belong to it, whatever they
+/// do to their session; other processes do not; the pid cache answers the same and lets go
+/// of a process that exited.
+#[test]
+fn ancestry_identities_follow_the_process_tree_and_the_cache_forgets_exited_pids() {
+    use crate::guard::tracking::{Grant, Identities};
+    use crate::guard::Intents;
+    let ids = Identities::new("human".into(), Intents::All, false, None);
+    assert_eq!(ids.tracking(), "ancestry");
+    let me = std::process::id();
+    // A grandchild in a session of its own (setsid), as an agent's daemon would be.
+    let mut child = std::process::Command::new("setsid")
+        .args(["sh", "-c", "sleep 30 & echo $!; wait"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let grandchild: u32 = line.trim().parse().unwrap();
+    assert_eq!(ids.resolve(grandchild).key, "default", "nothing granted yet");
+    let (ident, anchor) = ids
+        .grant(
+            me,
+            Grant {
+                name: "agent".into(),
+                intents: Intents::Locked("INT-1".into()),
+                require_read: false,
+                uid: None,
+            },
+        )
+        .unwrap();
+    assert_eq!(anchor.kind(), "ancestry");
+    assert_eq!(ident.key, format!("run:{me}"));
+    assert_eq!(ident.intent().as_deref(), Some("INT-1"));
+    for _ in 0..2 {
+        // The second round is answered from the cache.
+        assert_eq!(ids.resolve(grandchild).key, ident.key);
+        assert_eq!(ids.resolve(child.id()).key, ident.key);
+    }
+    // Our parent is not in the identity.
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() } as u32;
+    assert_eq!(ids.resolve(parent).key, "default");
+    // A process cannot be granted twice, nor grant from inside an identity.
+    let again = ids.grant(
+        child.id(),
+        Grant {
+            name: "x".into(),
+            intents: Intents::All,
+            require_read: false,
+            uid: None,
+        },
+    );
+    assert!(matches!(again, Err(e) if e.contains("already belongs")));
+    // Once the grandchild is gone, a cached answer for its pid must not outlive it.
+    // SAFETY: kill has no memory preconditions.
+    unsafe { libc::kill(grandchild as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    let gone = (0..200).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        ids.resolve(grandchild).key == "default"
+    });
+    assert!(gone, "the exited pid is still answered as the identity");
+    assert_eq!(ids.by_key(&ident.key).map(|i| i.name.clone()).as_deref(), Some("agent"));
+}
+
+#[test]
+fn intents_bound_what_an_identity_may_select() {
+    use crate::guard::Intents;
+    let l = Intents::Locked("A".into());
+    assert!(l.allows("A") && !l.allows("B"));
+    assert_eq!(l.initial().as_deref(), Some("A"));
+    let m = Intents::Among(vec!["A".into(), "B".into()]);
+    assert!(m.allows("B") && !m.allows("C"));
+    assert_eq!(m.initial(), None);
+    assert!(Intents::All.allows("anything"));
+    assert_eq!(Intents::Among(vec![]).describe(), "");
 }

@@ -52,11 +52,22 @@ pub enum MutationType {
     LedgerRepair,
     Mount,
     Unmount,
+    /// An identity selected or switched its intent (`detail`: `from`, `to`).
+    Intent,
+    /// A lesson from a failed verification was appended to the lessons file.
+    Lesson,
+    /// A handle's first write is about to land (`detail.handle`; its WRITE completes it):
+    /// content a crash leaves behind is attributed to it.
+    WriteBegin,
+    /// A git ref moved through the mount (`detail`: `ref`, `old`, `new` object ids).
+    Ref,
+    /// An identity was granted by the operator (`detail`: intents, tracking, uid).
+    Identity,
 }
 
 impl MutationType {
     /// Every variant, in declaration order (for parsing and help text).
-    pub const ALL: [MutationType; 19] = [
+    pub const ALL: [MutationType; 24] = [
         MutationType::Write,
         MutationType::Create,
         MutationType::Delete,
@@ -76,6 +87,11 @@ impl MutationType {
         MutationType::LedgerRepair,
         MutationType::Mount,
         MutationType::Unmount,
+        MutationType::Intent,
+        MutationType::Lesson,
+        MutationType::WriteBegin,
+        MutationType::Ref,
+        MutationType::Identity,
     ];
 
     /// The name as written in the ledger (`"WRITE"`, `"LEDGER_REPAIR"`, ...).
@@ -100,6 +116,11 @@ impl MutationType {
             MutationType::LedgerRepair => "LEDGER_REPAIR",
             MutationType::Mount => "MOUNT",
             MutationType::Unmount => "UNMOUNT",
+            MutationType::Intent => "INTENT",
+            MutationType::Lesson => "LESSON",
+            MutationType::WriteBegin => "WRITE_BEGIN",
+            MutationType::Ref => "REF",
+            MutationType::Identity => "IDENTITY",
         }
     }
 
@@ -134,6 +155,11 @@ impl MutationType {
                 | MutationType::LedgerRepair
                 | MutationType::Mount
                 | MutationType::Unmount
+                | MutationType::Intent
+                | MutationType::Lesson
+                | MutationType::WriteBegin
+                | MutationType::Ref
+                | MutationType::Identity
         )
     }
 }

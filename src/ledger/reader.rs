@@ -12,7 +12,6 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{self, BufRead, BufReader};
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
@@ -399,6 +398,72 @@ pub struct Drift {
     /// What differs.
     #[serde(flatten)]
     pub kind: DriftKind,
+    /// When a handle began writing the file through the mount and its WRITE never came
+    /// (the daemon stopped, or the handle is still open): who that was. The content is
+    /// then most likely that handle's, not a change made outside the mount.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unfinished_write: Option<UnfinishedWrite>,
+}
+
+/// A `CREATE` or `WRITE_BEGIN` whose `WRITE` is not in the ledger.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct UnfinishedWrite {
+    /// Its line.
+    pub line: u64,
+    /// Its entry id.
+    pub entry_id: String,
+    /// The agent name.
+    pub agent: String,
+    /// The identity key.
+    pub identity: String,
+    /// The intent it worked under.
+    pub intent: Option<String>,
+}
+
+/// The last `CREATE`/`WRITE_BEGIN` of each path whose handle has no `WRITE` after it
+/// (matched by `detail.handle`).
+fn unfinished_writes(entries: &[(u64, Entry)]) -> HashMap<PathBuf, UnfinishedWrite> {
+    let handle = |e: &Entry| {
+        e.detail
+            .as_ref()
+            .and_then(|d| d.get("handle"))
+            .and_then(|h| h.as_str())
+            .map(str::to_owned)
+    };
+    let mut open: HashMap<String, (PathBuf, UnfinishedWrite)> = HashMap::new();
+    for (line, e) in entries {
+        let Some(t) = handle(e) else { continue };
+        match e.mutation_type {
+            MutationType::Create | MutationType::WriteBegin => {
+                let Some(path) = e.path_buf() else { continue };
+                let agent = e.agent.clone();
+                open.insert(
+                    t,
+                    (
+                        path,
+                        UnfinishedWrite {
+                            line: *line,
+                            entry_id: e.id.clone(),
+                            agent: agent.as_ref().map(|a| a.name.clone()).unwrap_or_default(),
+                            identity: agent.map(|a| a.identity).unwrap_or_default(),
+                            intent: e.intent_id.clone(),
+                        },
+                    ),
+                );
+            }
+            MutationType::Write => {
+                open.remove(&t);
+            }
+            _ => {}
+        }
+    }
+    let mut by_path: HashMap<PathBuf, UnfinishedWrite> = HashMap::new();
+    for (path, u) in open.into_values() {
+        if by_path.get(&path).is_none_or(|o| o.line < u.line) {
+            by_path.insert(path, u);
+        }
+    }
+    by_path
 }
 
 /// Outcomes that mean the mutation did not happen.
@@ -441,7 +506,9 @@ pub(crate) fn remove_tree<V>(map: &mut HashMap<PathBuf, V>, p: &Path) {
 pub fn last_hashes(entries: &[(u64, Entry)]) -> HashMap<PathBuf, (String, u64, String)> {
     let mut state: HashMap<PathBuf, (String, u64, String)> = HashMap::new();
     for (line, e) in entries {
-        if e.mutation_type.is_governance() || outcome_failed(&e.outcome) {
+        // A lesson is the daemon's own append to the lessons file: its hash is that file's.
+        let lesson = e.mutation_type == MutationType::Lesson;
+        if (e.mutation_type.is_governance() && !lesson) || outcome_failed(&e.outcome) {
             continue;
         }
         // A write to a file that lost its name before the handle closed (renamed over or
@@ -491,13 +558,14 @@ pub fn last_hashes(entries: &[(u64, Entry)]) -> HashMap<PathBuf, (String, u64, S
             (None, _) => {}
         }
     }
-    state.retain(|p, _| !p.as_os_str().as_bytes().starts_with(b".git/"));
+    state.retain(|p, _| !crate::policy::git::in_git_dir(p));
     state
 }
 
 /// Every file whose last recorded hash no longer matches the disk, sorted by path.
 pub fn verify_drift(ledger_path: &Path, workspace: &Path) -> io::Result<Vec<Drift>> {
     let entries = read_entries(ledger_path)?;
+    let unfinished = unfinished_writes(&entries);
     let mut out = Vec::new();
     for (path, (recorded, line, entry_id)) in last_hashes(&entries) {
         // The daemon only records workspace-relative paths of plain components. A tampered
@@ -517,6 +585,7 @@ pub fn verify_drift(ledger_path: &Path, workspace: &Path) -> io::Result<Vec<Drif
                     recorded,
                     actual: "not a workspace-relative path (ledger entry tampered with)".into(),
                 },
+                unfinished_write: None,
             });
             continue;
         }
@@ -540,12 +609,14 @@ pub fn verify_drift(ledger_path: &Path, workspace: &Path) -> io::Result<Vec<Drif
             }
         };
         if let Some(kind) = kind {
+            let unfinished_write = unfinished.get(&path).filter(|u| u.line >= line).cloned();
             out.push(Drift {
                 path: path.to_string_lossy().into_owned(),
                 path_buf: path,
                 line,
                 entry_id,
                 kind,
+                unfinished_write,
             });
         }
     }

@@ -20,6 +20,7 @@
 
 mod compile;
 mod error;
+pub mod git;
 mod ignore;
 mod schema;
 #[cfg(test)]
@@ -230,6 +231,8 @@ pub struct Policy {
     sensitive: RuleSet,
     /// The file the policy came from (empty for [`Policy::empty`]).
     source: PathBuf,
+    /// `lessons_file:`, when the policy names one.
+    lessons_file: Option<PathBuf>,
 }
 
 impl Policy {
@@ -302,6 +305,7 @@ impl Policy {
             approval: ApprovalPolicy::default(),
             sensitive: sensitive.build().unwrap_or_else(|_| RuleSet::empty()),
             source: PathBuf::new(),
+            lessons_file: None,
         }
     }
 
@@ -318,6 +322,11 @@ impl Policy {
     /// The approval settings.
     pub fn approval(&self) -> &ApprovalPolicy {
         &self.approval
+    }
+
+    /// The lessons file the policy names (`lessons_file:`), if it names one.
+    pub fn lessons_file(&self) -> Option<&Path> {
+        self.lessons_file.as_deref()
     }
 
     /// The deciding rule when `rel` is sensitive (reading it needs a human's approval):
@@ -559,12 +568,30 @@ fn build(raw: schema::RawPolicy, origin: &Path) -> Result<Policy, PolicyError> {
         }) => build_approval(ra, &at, origin)?,
     };
 
+    let lessons_file = match raw.lessons_file {
+        None => None,
+        Some(l) => {
+            let p = PathBuf::from(&l.value);
+            let plain = !p.as_os_str().is_empty()
+                && p.components().all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !plain {
+                return Err(err(
+                    (l.referenced.line(), l.referenced.column()),
+                    format!("lessons_file {} is not a workspace-relative path", quote(&l.value)),
+                    "write a path relative to the workspace root, without `..`, e.g. `lessons_file: CLAUDE.md`".into(),
+                ));
+            }
+            Some(p)
+        }
+    };
+
     Ok(Policy {
         intents,
         by_id,
         approval,
         sensitive,
         source: origin.to_path_buf(),
+        lessons_file,
     })
 }
 

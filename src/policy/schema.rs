@@ -34,6 +34,9 @@ pub(crate) struct RawPolicy {
     /// Approval settings.
     #[serde(default)]
     pub approval: Option<Spanned<RawApproval>>,
+    /// Where `intentfs run --verify` lessons go (workspace-relative; default `CLAUDE.md`).
+    #[serde(default)]
+    pub lessons_file: Option<Spanned<String>>,
 }
 
 /// One intent as written.

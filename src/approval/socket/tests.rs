@@ -77,8 +77,7 @@ fn list_approve_reject_round_trips() {
         r,
         Response {
             ok: true,
-            pending: None,
-            error: None
+            ..Default::default()
         }
     );
     assert_eq!(

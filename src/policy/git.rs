@@ -1,0 +1,192 @@
+//! What in a git directory an agent may write. Pure path rules, from git's documentation
+//! (gitrepository-layout(5), git-config(1), githooks(5), git-worktree(1)).
+//!
+//! Agents commit, branch, stash, rebase and merge, so git's state files stay writable:
+//! objects, refs, logs, the index, `HEAD` and its siblings, lock files, rebase, merge and
+//! sequencer state. What changes *which programs git runs* or *where git reads its
+//! configuration* does not: whoever runs git next in the workspace (a human, as root) would
+//! run the agent's code. In every git directory — `.git/` at any depth, and the git
+//! directories of submodules and worktrees inside it:
+//!
+//! | path | why |
+//! |---|---|
+//! | `config`, `config.worktree`, `config.lock`, … (`config*`) | `core.fsmonitor`, `core.hooksPath`, `core.sshCommand`, aliases, filters, pagers, editors: all run programs |
+//! | `hooks/` | run at commit, checkout, merge, push |
+//! | `commondir`, `gitdir` | redirect git to another directory's config and hooks |
+//! | `info/attributes` | selects filter and diff drivers for paths |
+//! | `worktrees/` | each worktree's git dir: its own `config.worktree`, `commondir`, `gitdir` |
+//! | `modules/*/` `config*`, `hooks/`, `commondir`, `info/attributes`, `worktrees/` | a submodule's git dir: the same, one level down |
+//!
+//! And a *file* (or symlink) named `.git` anywhere: a "gitdir file" points git at another
+//! directory, which may hold its own config.
+
+use std::path::{Component, Path};
+
+/// The components of `rel` as strings (lossy: a non-UTF-8 name matches no rule).
+fn parts(rel: &Path) -> Vec<std::borrow::Cow<'_, str>> {
+    rel.components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_string_lossy()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Is `rel` inside a git directory (below a `.git` component)? Such paths are git's
+/// internals: not ledgered file by file and not stale-checked.
+pub fn in_git_dir(rel: &Path) -> bool {
+    let p = parts(rel);
+    p.iter().rev().skip(1).any(|c| c == ".git")
+}
+
+/// Why writing `rel` would let an agent change what git executes or where it reads its
+/// configuration (see the module doc), quoted as a rule; `None` when it would not.
+/// `is_dir`: the entry is (or is made as) a directory.
+pub fn exec_rule(rel: &Path, is_dir: bool) -> Option<String> {
+    let p = parts(rel);
+    let last = p.len().checked_sub(1)?;
+    for (i, c) in p.iter().enumerate() {
+        if c != ".git" {
+            continue;
+        }
+        if i == last {
+            if is_dir {
+                return None;
+            }
+            return Some(
+                "git: a file named .git (a gitdir link) points git at another directory".into(),
+            );
+        }
+        let r = &p[i + 1..];
+        if let Some(why) = gitdir_rule(r) {
+            return Some(format!("git: {why} (in {})", p[..=i].join("/")));
+        }
+    }
+    None
+}
+
+/// The rule for `r`, a path inside a git directory.
+fn gitdir_rule(r: &[std::borrow::Cow<'_, str>]) -> Option<&'static str> {
+    let first = r.first()?;
+    if let Some(why) = exec_entry(r) {
+        return Some(why);
+    }
+    match first.as_ref() {
+        "worktrees" => Some("worktrees/ holds other worktrees' git directories"),
+        "modules" => {
+            // modules/<name…>/<git dir>: a submodule name may contain slashes, so look at
+            // every component below until git's state directories begin.
+            for j in 1..r.len() {
+                if matches!(r[j].as_ref(), "refs" | "logs" | "objects") {
+                    break;
+                }
+                if exec_entry(&r[j..]).is_some() || r[j] == "worktrees" {
+                    return Some("a submodule's git directory (modules/) holds its config and hooks");
+                }
+            }
+            None
+        }
+        _ => None,
+    }
+}
+
+/// An entry at the top of a git directory that changes what git runs or reads.
+fn exec_entry(r: &[std::borrow::Cow<'_, str>]) -> Option<&'static str> {
+    let first = r.first()?;
+    if first.starts_with("config") {
+        return Some("config* sets programs git runs (core.fsmonitor, core.hooksPath, aliases, filters)");
+    }
+    match first.as_ref() {
+        "hooks" => Some("hooks/ are run by git"),
+        "commondir" | "gitdir" => Some("commondir and gitdir redirect git to another directory"),
+        "info" if r.get(1).is_some_and(|n| n.starts_with("attributes")) => {
+            Some("info/attributes selects filter and diff drivers")
+        }
+        _ => None,
+    }
+}
+
+/// The ref a path inside a git directory names, when it is one git moves as work is
+/// recorded: `HEAD` or `refs/…` (lock files are not refs).
+pub fn ref_name(rel: &Path) -> Option<String> {
+    let p = parts(rel);
+    let i = p.iter().position(|c| c == ".git")?;
+    let r = &p[i + 1..];
+    if r.last()?.ends_with(".lock") {
+        return None;
+    }
+    match r.first()?.as_ref() {
+        "HEAD" if r.len() == 1 => Some("HEAD".into()),
+        "refs" if r.len() > 1 => Some(r.join("/")),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_git_executes_is_protected_in_every_git_directory() {
+        for p in [
+            ".git/config",
+            ".git/config.lock",
+            ".git/config.worktree",
+            ".git/commondir",
+            ".git/hooks/pre-commit",
+            ".git/hooks",
+            ".git/info/attributes",
+            ".git/worktrees/wt/gitdir",
+            ".git/worktrees/wt/HEAD",
+            ".git/modules/sub/config",
+            ".git/modules/sub/hooks/post-checkout",
+            ".git/modules/a/b/commondir",
+            ".git/modules/sub/info/attributes",
+            "vendor/lib/.git/config",
+            "sub/.git/hooks/x",
+            "sub/.git",
+            ".git",
+        ] {
+            assert!(exec_rule(Path::new(p), false).is_some(), "{p} must be protected");
+        }
+        for p in [
+            ".git/HEAD",
+            ".git/index",
+            ".git/index.lock",
+            ".git/COMMIT_EDITMSG",
+            ".git/ORIG_HEAD",
+            ".git/objects/ab/cdef",
+            ".git/refs/heads/config",
+            ".git/refs/heads/main.lock",
+            ".git/logs/refs/heads/hooks",
+            ".git/packed-refs",
+            ".git/rebase-merge/done",
+            ".git/sequencer/todo",
+            ".git/info/exclude",
+            ".git/modules/sub/objects/pack/x.pack",
+            ".git/modules/sub/refs/heads/config",
+            "src/config.rs",
+            "hooks/x",
+            "a/.gitignore",
+        ] {
+            assert!(exec_rule(Path::new(p), false).is_none(), "{p} must stay writable");
+        }
+        // A directory named .git may be made (git init, a nested repository); a file not.
+        assert!(exec_rule(Path::new("sub/.git"), true).is_none());
+    }
+
+    #[test]
+    fn refs_and_git_dirs() {
+        assert_eq!(ref_name(Path::new(".git/HEAD")).as_deref(), Some("HEAD"));
+        assert_eq!(
+            ref_name(Path::new(".git/refs/heads/main")).as_deref(),
+            Some("refs/heads/main")
+        );
+        assert_eq!(ref_name(Path::new(".git/refs/heads/main.lock")), None);
+        assert_eq!(ref_name(Path::new(".git/index")), None);
+        assert!(in_git_dir(Path::new(".git/index")));
+        assert!(in_git_dir(Path::new("sub/.git/HEAD")));
+        assert!(!in_git_dir(Path::new(".git")));
+        assert!(!in_git_dir(Path::new("src/git.rs")));
+    }
+}
