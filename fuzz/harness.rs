@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use intentfs::control::{self, CtlFile, StatusInfo};
-use intentfs::guard::Identities;
+use intentfs::guard::{Identities, Identity, Intents};
 use intentfs::ledger::{self, reader};
 use intentfs::policy::{IntentIgnore, Policy};
 
@@ -162,8 +162,16 @@ fn control_policy() -> &'static Policy {
 /// last record takes what is left.
 pub fn control(data: &[u8]) {
     let policy = control_policy();
-    let ids = Identities::new("fuzz-agent".into(), None, false);
-    let ident = ids.default_identity().clone();
+    let ids = Identities::new("fuzz-agent".into(), Intents::All, false, None);
+    let default = ids.default_identity().clone();
+    // An identity the operator bound to one intent: nothing written may widen it.
+    let bound = Identity::new(
+        "bound".into(),
+        "run:1".into(),
+        Intents::Among(vec!["INT-\u{e9}".into()]),
+        None,
+        false,
+    );
     let mut bufs: HashMap<usize, Vec<u8>> = HashMap::new();
     let mut rest = data;
     let mut writes = 0;
@@ -192,19 +200,15 @@ pub fn control(data: &[u8]) {
         }
         buf[off..off + body.len()].copy_from_slice(body);
         let text = String::from_utf8_lossy(buf).into_owned();
-        // pid 0 is never visible (default identity); our own pid is visible but not a
-        // session leader under a fuzzer or test runner.
-        let pid = if sel & 0x80 != 0 {
-            std::process::id()
-        } else {
-            0
-        };
-        let _ = control::apply_write(f, &ident, &ids, policy, pid, &text);
+        let ident = if sel & 0x80 != 0 { &bound } else { &*default };
+        let _ = control::apply_write(f, ident, policy, &text);
         if f == CtlFile::Intent {
-            // What was accepted is exactly a selectable intent of the policy.
+            // What was accepted is exactly a selectable intent of the policy, and one the
+            // identity's bound allows.
             if let Some(sel) = ident.intent() {
                 let it = policy.intent(&sel).expect("selected intent exists");
                 assert!(it.selectable(), "selected a non-selectable intent");
+                assert!(ident.allowed.allows(&sel), "selected outside the bound: {sel}");
             }
         }
         let _ = ids.by_key(text.trim());
@@ -220,7 +224,8 @@ pub fn control(data: &[u8]) {
         pending: serde_json::json!([]),
     };
     for f in control::FILES {
-        let _ = control::render(f, &ident, &ids, policy, &info);
+        let _ = control::render(f, &default, &ids, policy, &info);
+        let _ = control::render(f, &bound, &ids, policy, &info);
         let _ = control::file_stat(f, 0);
         assert_eq!(CtlFile::from_ino(f.ino()), Some(f));
     }

@@ -588,7 +588,7 @@ fn as_nobody(args: &[&str], xdg: Option<&Path>) -> std::process::Output {
     c.output().expect("running setpriv")
 }
 
-/// A directory that exposes the mount's approval socket to uid 65534 through a hard link
+/// A directory that exposes the mount's control socket to uid 65534 through a hard link
 /// with mode 0666, as if someone loosened the permissions: only the daemon's peer check
 /// is left. Removed on drop.
 struct Exposed {
@@ -597,7 +597,7 @@ struct Exposed {
 
 impl Exposed {
     fn new(mp: &Path) -> Exposed {
-        let sock = runtime_dir(mp).join("approvals.sock");
+        let sock = runtime_dir(mp).join("control.sock");
         // Under /run, so that the link is on the socket's filesystem.
         let dir = PathBuf::from(format!(
             "/run/intentfs-approvals-test-{}-{}",
@@ -606,10 +606,13 @@ impl Exposed {
         ));
         let sub = dir.join("intentfs").join(runtime_key(mp));
         std::fs::create_dir_all(&sub).unwrap();
+        // A runtime directory of uid 65534's own (private, as the CLI checks it is): only
+        // the socket in it is someone else's.
         for d in [dir.clone(), dir.join("intentfs"), sub.clone()] {
-            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+            std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap();
         }
-        std::fs::hard_link(&sock, sub.join("approvals.sock")).unwrap();
+        std::fs::hard_link(&sock, sub.join("control.sock")).unwrap();
         std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
         Exposed { dir }
     }
@@ -641,7 +644,7 @@ fn the_approval_socket_refuses_another_uid() {
         "{}",
         rt.display()
     );
-    let sm = std::fs::symlink_metadata(rt.join("approvals.sock")).unwrap();
+    let sm = std::fs::symlink_metadata(rt.join("control.sock")).unwrap();
     assert_eq!(sm.mode() & 0o777, 0o600);
 
     // Another uid: every command fails, says why, and decides nothing.
@@ -720,7 +723,7 @@ fn an_agent_cannot_approve_through_the_mount() {
     // What an agent could try from inside the mount: a control file to approve with, a
     // socket to talk to, or writing the scope record itself.
     let ls = tm.sh_ok("ls -a .intentfs");
-    for name in ["approve", "approvals", "reject", "approvals.sock"] {
+    for name in ["approve", "approvals", "reject", "control.sock"] {
         assert!(!ls.lines().any(|l| l == name), ".intentfs has {name}: {ls}");
     }
     for script in [

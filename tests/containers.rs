@@ -9,209 +9,15 @@
 mod common;
 
 use std::collections::HashMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
+use common::deploy::*;
 use common::*;
 
-/// The uid and gid the contained agent runs as.
-const AGENT_UID: u32 = 1000;
 /// The repository's `mount/` directory.
 const MOUNT_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/mount");
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn have(cmd: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {cmd} >/dev/null"))
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
-/// Print why a test does not run here; true when it should return early.
-fn skip_unless(cond: bool, why: &str) -> bool {
-    if !cond {
-        eprintln!("SKIPPED: {why}");
-    }
-    !cond
-}
-
-fn chmod(p: &Path, mode: u32) {
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
-}
-
-fn chown_r(p: &Path, uid: u32) {
-    let st = Command::new("chown")
-        .arg("-R")
-        .arg(format!("{uid}:{uid}"))
-        .arg(p)
-        .status()
-        .unwrap();
-    assert!(st.success(), "chown -R {}", p.display());
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-/// Run with a timeout (so a hung mount cannot hang the suite).
-fn run_timeout(mut c: Command, t: Duration) -> Output {
-    let child = c
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawning {c:?}: {e}"));
-    let pid = child.id() as i32;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(t) {
-        Ok(o) => o.unwrap(),
-        Err(_) => {
-            // SAFETY: killing our own child.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("{c:?} did not finish within {t:?}");
-        }
-    }
-}
-
-/// The layout the docs recommend: the workspace under a directory only its owner (root)
-/// can enter, the mountpoint where other uids can reach it.
-///
-/// ```text
-/// root/            0755
-///   private/       0700   <- other uids stop here
-///     ws/          0755   the workspace (a git repo, with the example policy)
-///   mnt/           0755   the mountpoint
-/// ```
-struct Layout {
-    _dir: tempfile::TempDir,
-    root: PathBuf,
-    ws: PathBuf,
-    mnt: PathBuf,
-}
-
-impl Layout {
-    fn new() -> Layout {
-        let dir = tempfile::Builder::new()
-            .prefix("intentfs-containers-")
-            .tempdir()
-            .unwrap();
-        let root = dir.path().canonicalize().unwrap();
-        let private = root.join("private");
-        let ws = private.join("ws");
-        let mnt = root.join("mnt");
-        std::fs::create_dir_all(ws.join(".orchestration")).unwrap();
-        std::fs::create_dir_all(&mnt).unwrap();
-        std::fs::write(ws.join(POLICY_REL), example_deny()).unwrap();
-        put(
-            &ws.join("src/auth/session.ts"),
-            "export const session = 1;\n",
-        );
-        put(&ws.join("docs/index.md"), "# Docs\n");
-        ok(
-            sh_in(
-                &ws,
-                "git init -q && git add -A && git commit -qm init && git status --porcelain",
-            ),
-            "git init",
-        );
-        chmod(&root, 0o755);
-        chmod(&private, 0o700);
-        chmod(&ws, 0o755);
-        chmod(&mnt, 0o755);
-        Layout {
-            _dir: dir,
-            root,
-            ws,
-            mnt,
-        }
-    }
-
-    /// `intentfs mount ARGS... WS MNT` (daemonized: returns once the mount serves).
-    fn mount(&self, args: &[&str]) -> (Mount, Output) {
-        let mut c = intentfs();
-        c.arg("mount")
-            .args(args)
-            .arg("--log")
-            .arg(self.root.join("daemon.log"))
-            .arg(&self.ws)
-            .arg(&self.mnt);
-        let out = run_timeout(c, Duration::from_secs(20));
-        assert!(
-            out.status.success(),
-            "intentfs mount {args:?} failed: {}{}",
-            text(&out.stderr),
-            std::fs::read_to_string(self.root.join("daemon.log")).unwrap_or_default()
-        );
-        (Mount::new(&self.mnt), out)
-    }
-
-    fn ledger(&self) -> Vec<serde_json::Value> {
-        read_ledger(&self.ws.join(LEDGER_REL))
-    }
-
-    fn wait_ledger(&self, what: &str, f: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-        let mut found = None;
-        wait_until(Duration::from_secs(5), || {
-            found = self.ledger().into_iter().find(|e| f(e));
-            found.is_some()
-        });
-        found.unwrap_or_else(|| panic!("no ledger entry {what}; ledger: {:#?}", self.ledger()))
-    }
-}
-
-/// A live mount, unmounted on drop (`intentfs umount`, else a lazy `umount -l`).
-struct Mount {
-    mnt: PathBuf,
-    /// Unmount with umount(8) only: `intentfs umount` waits for the daemon's recorded pid,
-    /// which for a daemon in its own pid namespace is a pid of that namespace.
-    plain: bool,
-}
-
-impl Mount {
-    fn new(mnt: &Path) -> Mount {
-        Mount {
-            mnt: mnt.to_path_buf(),
-            plain: false,
-        }
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        if !is_mounted(&self.mnt) {
-            return;
-        }
-        if self.plain {
-            let _ = Command::new("umount").arg(&self.mnt).status();
-            if is_mounted(&self.mnt) {
-                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-            }
-            return;
-        }
-        let mut c = intentfs();
-        c.arg("umount").arg(&self.mnt);
-        let ok = c
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        if !ok || is_mounted(&self.mnt) {
-            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-        }
-    }
-}
 
 /// `bwrap` as uid/gid AGENT_UID with new user, pid, mount, network and IPC namespaces, and
 /// only a minimal root: /usr and /etc read-only, a private /tmp, and the mount at
@@ -222,7 +28,7 @@ impl Drop for Mount {
 /// `bwrap --unshare-user --uid 1000` maps the uid inside to root outside: the daemon would
 /// see uid 0, and the kernel, with `default_permissions`, checks root-outside-the-namespace
 /// without capabilities, so even in-scope writes fail with EACCES.)
-fn bwrap(mnt: &Path, extra: &[&str], script: &str) -> Output {
+fn bwrap_cmd(mnt: &Path, extra: &[&str], script: &str) -> Command {
     let mut c = Command::new("timeout");
     c.arg("30")
         .arg("setpriv")
@@ -251,7 +57,11 @@ fn bwrap(mnt: &Path, extra: &[&str], script: &str) -> Output {
         .args(["--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin"])
         .args(["--setenv", "HOME", "/tmp", "--setenv", "LC_ALL", "C"])
         .args(["sh", "-c", script]);
-    run_timeout(c, Duration::from_secs(40))
+    c
+}
+
+fn bwrap(mnt: &Path, extra: &[&str], script: &str) -> Output {
+    run_timeout(bwrap_cmd(mnt, extra, script), Duration::from_secs(40))
 }
 
 /// `key=value` lines of the agent script's output.
@@ -385,28 +195,45 @@ sed 's/^/git: /' /tmp/git
     );
 }
 
-/// With the daemon on the host, container pids are visible to it: `intentfs run` inside the
-/// container gets an identity of its own.
+/// The operator starts the agent's container with `intentfs run` on the host: everything in
+/// the container (new user and pid namespaces, another uid) is that identity. Inside, the
+/// agent cannot grant itself another: the control socket is not there, and the daemon
+/// refuses any uid but the owner's.
 #[test]
-fn intentfs_run_inside_a_container_gets_its_own_identity() {
+fn an_agent_container_started_with_intentfs_run_is_an_identity_of_its_own() {
     if !bwrap_usable() {
         return;
     }
     let l = Layout::new();
     chown_r(&l.ws.join("docs"), AGENT_UID);
     let (_m, _) = l.mount(&["--allow-other", "--agent", "boxed", "--approver", "deny"]);
-    let res = bwrap(
+    let inner = bwrap_cmd(
         &l.mnt,
         &["--ro-bind", BIN, "/opt/intentfs"],
-        "/opt/intentfs run --intent INT-002 --agent inner -- sh -c 'echo more >> docs/index.md && cat .intentfs/session'",
+        "echo more >> docs/index.md; echo write=$?; cat .intentfs/session; \
+         /opt/intentfs run --intent INT-001 --agent escape -- sh -c 'echo x >> src/auth/session.ts'; \
+         echo nested=$?; echo INT-001 > .intentfs/intent; echo switch=$?",
     );
+    let mut c = intentfs();
+    c.arg("run")
+        .arg("--mount")
+        .arg(&l.mnt)
+        .args(["--intent", "INT-002", "--agent", "inner", "--"])
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .current_dir(&l.mnt);
+    let res = run_timeout(c, Duration::from_secs(40));
     let ctx = format!(
         "stdout:\n{}\nstderr:\n{}",
         text(&res.stdout),
         text(&res.stderr)
     );
     assert!(res.status.success(), "{ctx}");
-    assert!(text(&res.stdout).contains("session:"), "{ctx}");
+    let m = markers(&text(&res.stdout));
+    assert_eq!(m.get("write").map(String::as_str), Some("0"), "{ctx}");
+    assert!(text(&res.stdout).contains("\tinner\tINT-002 (locked)"), "{ctx}");
+    assert_ne!(m.get("nested").map(String::as_str), Some("0"), "{ctx}");
+    assert_ne!(m.get("switch").map(String::as_str), Some("0"), "{ctx}");
     let w = l.wait_ledger("WRITE docs/index.md", |e| {
         e["mutation_type"] == "WRITE" && e["path"] == "docs/index.md"
     });
@@ -414,12 +241,21 @@ fn intentfs_run_inside_a_container_gets_its_own_identity() {
     assert_eq!(w["intent_id"], "INT-002", "{w:#}");
     assert_eq!(w["agent"]["uid"], AGENT_UID, "{w:#}");
     assert!(
-        w["agent"]["identity"]
-            .as_str()
-            .unwrap_or("")
-            .starts_with("session:"),
+        w["agent"]["identity"].as_str().unwrap_or("").starts_with("run:"),
         "{w:#}"
     );
+    // Nothing outside INT-002 changed, and no identity was granted from inside.
+    assert_eq!(
+        std::fs::read_to_string(l.ws.join("src/auth/session.ts")).unwrap(),
+        "export const session = 1;\n"
+    );
+    let grants: Vec<_> = l
+        .ledger()
+        .into_iter()
+        .filter(|e| e["mutation_type"] == "IDENTITY")
+        .collect();
+    assert_eq!(grants.len(), 1, "{grants:#?}");
+    assert_eq!(grants[0]["agent"]["name"], "inner");
 }
 
 /// Start `intentfs mount --foreground` in a new pid namespace (the shape of intentfs in a
@@ -481,7 +317,7 @@ fn a_daemon_in_its_own_pid_namespace_sees_every_caller_as_the_default_identity()
     assert_eq!(w["agent"]["identity"], "default", "{w:#}");
     assert_eq!(w["agent"]["name"], "sidecar", "{w:#}");
     assert_eq!(w["agent"]["pid"], 0, "{w:#}");
-    // `intentfs run` cannot register a session the daemon cannot see.
+    // `intentfs run` cannot be granted an identity by a daemon that cannot see it.
     let out = run_timeout(
         {
             let mut c = intentfs();
@@ -495,7 +331,7 @@ fn a_daemon_in_its_own_pid_namespace_sees_every_caller_as_the_default_identity()
     );
     assert!(
         !out.status.success(),
-        "intentfs run registered a session it cannot see"
+        "intentfs run was granted an identity the daemon cannot see"
     );
     drop(m);
     assert!(wait_until(Duration::from_secs(10), || matches!(

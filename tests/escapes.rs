@@ -1087,11 +1087,17 @@ fn git_objects_stay_writable() {
     // Seen from the workspace as well.
     let log = ok(sh_in(&tm.ws, "git log --format=%s"), "git log in ws");
     assert_eq!(log, "second\ninit\n");
-    // .git internals are not ledgered file by file.
+    // .git internals are not ledgered file by file: only ref moves are (REF).
     assert!(tm
         .ledger()
         .iter()
+        .filter(|e| e["mutation_type"] != "REF")
         .all(|e| !e["path"].as_str().unwrap_or("").starts_with(".git")));
+    assert!(
+        tm.ledger().iter().any(|e| e["mutation_type"] == "REF"
+            && e["detail"]["ref"].as_str().unwrap_or("").starts_with("refs/heads/")),
+        "the commit's ref move is on record"
+    );
 }
 
 #[test]

@@ -277,6 +277,7 @@ fn every_mutation_type_is_ledgered_with_real_hash_and_agent() {
     let l = tm.ledger();
     let git: Vec<&Value> = l
         .iter()
+        .filter(|e| e["mutation_type"] != "REF")
         .filter(|e| {
             e["path"].as_str().unwrap_or("").starts_with(".git/")
                 || e["from"].as_str().unwrap_or("").starts_with(".git/")
@@ -284,6 +285,12 @@ fn every_mutation_type_is_ledgered_with_real_hash_and_agent() {
         })
         .collect();
     assert!(git.is_empty(), ".git internals ledgered: {git:#?}");
+    // The commit moved the branch: one REF entry, from the old commit to the new HEAD.
+    let refs: Vec<&Value> = l.iter().filter(|e| e["mutation_type"] == "REF").collect();
+    assert!(
+        refs.iter().any(|e| e["detail"]["new"] == head.as_str() && e["detail"]["old"] != head.as_str()),
+        "no REF entry moving a branch to {head}: {refs:#?}"
+    );
     tm.sh_ok("echo after > c.txt");
     let l = tm.ledger();
     let c = entries_of(&l, "WRITE", "c.txt");

@@ -93,7 +93,7 @@ fn proc_field(pid: u32, file: &str, key: &str) -> u64 {
 /// the session); `open`/`write`/`close` act on file descriptors kept by the driver itself.
 const DRIVER: &str = r#"
 import json, os, subprocess, sys
-print(json.dumps({"ready": os.getpid(), "sid": os.getsid(0)}), flush=True)
+print(json.dumps({"ready": os.getpid()}), flush=True)
 for line in sys.stdin:
     req = json.loads(line)
     op = req["op"]
@@ -123,7 +123,10 @@ struct Agent {
     child: Child,
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
-    sid: i64,
+    /// The driver's pid.
+    pid: i64,
+    /// Its identity: `run:<pid of intentfs run>`.
+    key: String,
 }
 
 impl Agent {
@@ -149,17 +152,14 @@ impl Agent {
             let st = child.wait();
             panic!("agent {name} did not start ({e}; {st:?}): {line:?}")
         });
-        // `intentfs run` made the driver a session leader: its pid is its session id.
-        assert_eq!(
-            hello["ready"], hello["sid"],
-            "the agent is not a session leader"
-        );
+        let key = format!("run:{}", child.id());
         Agent {
             name: name.into(),
             child,
             stdin,
             stdout,
-            sid: hello["sid"].as_i64().unwrap(),
+            pid: hello["ready"].as_i64().unwrap(),
+            key,
         }
     }
 
@@ -246,8 +246,8 @@ impl Drop for Agent {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        // The driver is in its own session; signal it by its session/group id.
-        unsafe { libc::kill(-(self.sid as i32), libc::SIGKILL) };
+        // SAFETY: kill has no memory preconditions.
+        unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -794,14 +794,15 @@ fn ended_sessions_free_their_state() {
             ),
             "short intentfs run",
         );
-        let (key, name) = out.trim().split_once('\t').expect("session line");
-        assert!(key.starts_with("session:"), "{out}");
+        let mut f = out.trim().split('\t');
+        let (key, name) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
+        assert!(key.starts_with("run:"), "{out}");
         assert_eq!(name, format!("short{i}"));
         assert!(sids.insert(key.to_string()), "session reused: {key}");
     }
     let n = identity_keys(&tm).len();
     assert!(n >= 2, "identities: {:?}", identity_keys(&tm));
-    let want_alive = vec!["default".to_string(), format!("session:{}", alive.sid)];
+    let want_alive = vec!["default".to_string(), alive.key.clone()];
     assert!(
         wait_until(Duration::from_secs(15), || identity_keys(&tm) == want_alive),
         "ended sessions were not freed within 15 s: {:?}",
@@ -873,7 +874,7 @@ fn verify_failure_appends_one_lesson() {
         text.contains("sh -c printf"),
         "the command is missing: {text}"
     );
-    assert!(text.contains("- intent: INT-002"), "{text}");
+    assert!(text.contains("- intent: `INT-002`"), "{text}");
 
     // The same failure again: no second lesson.
     let out = run(&tm, &["--verify", "--intent", "INT-002"], failing);
@@ -885,8 +886,7 @@ fn verify_failure_appends_one_lesson() {
     assert!(out.status.success());
     assert_eq!(lessons(&tm), text);
 
-    // Without --intent (the mount's default identity, which has none): a new failure is
-    // recorded too.
+    // Without --intent (an identity that may select none): a new failure is recorded too.
     let out = run(
         &tm,
         &["--verify"],
@@ -899,9 +899,8 @@ fn verify_failure_appends_one_lesson() {
     assert!(text2.contains("exit status: 101"), "{text2}");
 }
 
-/// BUG reproduction: the lesson of `intentfs run --verify --intent I --agent verifier` says
-/// `agent: <the mount's --agent>`: the lesson is handed to the daemon by `intentfs run`
-/// itself, outside the new session, so it is attributed to the default identity.
+/// BUG reproduction: the lesson of `intentfs run --verify --intent I --agent verifier` said
+/// `agent: <the mount's --agent>`; it names the identity `intentfs run` was granted.
 #[test]
 fn verify_lesson_names_the_agent_that_ran_it() {
     let tm = allow_all(&[]);
@@ -912,7 +911,7 @@ fn verify_lesson_names_the_agent_that_ran_it() {
     );
     assert_eq!(out.status.code(), Some(2));
     let text = lessons(&tm);
-    assert!(text.contains("- agent: verifier"), "{text}");
+    assert!(text.contains("- agent: `verifier`"), "{text}");
 }
 
 #[test]
@@ -927,9 +926,10 @@ fn verify_lesson_keeps_only_the_output_tail() {
     assert_eq!(out.status.code(), Some(1));
     let text = lessons(&tm);
     assert!(!text.contains('\u{1b}'));
+    // The command's block, then the output's.
     let block = text
         .split("```text\n")
-        .nth(1)
+        .nth(2)
         .and_then(|b| b.split("\n```").next())
         .expect("an output block");
     assert!(

@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod deploy;
 pub mod fsops;
 
 use std::ffi::OsString;
@@ -498,14 +499,15 @@ impl TestMount {
         read_ledger(&self.w(LEDGER_REL))
     }
 
-    /// Ledger entries that are not MOUNT/UNMOUNT/DENIAL (completed mutations).
+    /// Ledger entries of completed mutations: not MOUNT/UNMOUNT/DENIAL, nor a handle's
+    /// WRITE_BEGIN (its WRITE completes it), nor governance events (INTENT, IDENTITY, REF).
     pub fn mutations(&self) -> Vec<serde_json::Value> {
         self.ledger()
             .into_iter()
             .filter(|e| {
                 !matches!(
                     e["mutation_type"].as_str(),
-                    Some("MOUNT" | "UNMOUNT" | "DENIAL")
+                    Some("MOUNT" | "UNMOUNT" | "DENIAL" | "WRITE_BEGIN" | "INTENT" | "IDENTITY" | "REF")
                 )
             })
             .collect()

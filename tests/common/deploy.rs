@@ -1,0 +1,214 @@
+//! Deployment-shaped layouts for tests that need root: the workspace under a directory
+//! only its owner can enter, the mount where other uids (agents) reach it, agents started
+//! under another uid. Shared by the container and adversarial-agent tests.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use super::*;
+
+/// The uid and gid agents run as.
+pub const AGENT_UID: u32 = 1000;
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+pub fn have(cmd: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {cmd} >/dev/null"))
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// Print why a test does not run here; true when it should return early.
+pub fn skip_unless(cond: bool, why: &str) -> bool {
+    if !cond {
+        eprintln!("SKIPPED: {why}");
+    }
+    !cond
+}
+
+pub fn chmod(p: &Path, mode: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+pub fn chown_r(p: &Path, uid: u32) {
+    let st = Command::new("chown")
+        .arg("-R")
+        .arg(format!("{uid}:{uid}"))
+        .arg(p)
+        .status()
+        .unwrap();
+    assert!(st.success(), "chown -R {}", p.display());
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Run with a timeout (so a hung mount cannot hang the suite).
+pub fn run_timeout(mut c: Command, t: Duration) -> Output {
+    let child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {c:?}: {e}"));
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(t) {
+        Ok(o) => o.unwrap(),
+        Err(_) => {
+            // SAFETY: killing our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("{c:?} did not finish within {t:?}");
+        }
+    }
+}
+
+/// The layout the docs recommend: the workspace under a directory only its owner (root)
+/// can enter, the mountpoint where other uids can reach it.
+///
+/// ```text
+/// root/            0755
+///   private/       0700   <- other uids stop here
+///     ws/          0755   the workspace (a git repo, with the example policy)
+///   mnt/           0755   the mountpoint
+/// ```
+pub struct Layout {
+    _dir: tempfile::TempDir,
+    pub root: PathBuf,
+    pub ws: PathBuf,
+    pub mnt: PathBuf,
+}
+
+impl Layout {
+    pub fn new() -> Layout {
+        Layout::with(&example_deny(), &[])
+    }
+
+    /// The layout with this policy and these extra files (committed to its git repository).
+    pub fn with(policy: &str, files: &[(&str, &str)]) -> Layout {
+        let dir = tempfile::Builder::new()
+            .prefix("intentfs-containers-")
+            .tempdir()
+            .unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let private = root.join("private");
+        let ws = private.join("ws");
+        let mnt = root.join("mnt");
+        std::fs::create_dir_all(ws.join(".orchestration")).unwrap();
+        std::fs::create_dir_all(&mnt).unwrap();
+        std::fs::write(ws.join(POLICY_REL), policy).unwrap();
+        put(
+            &ws.join("src/auth/session.ts"),
+            "export const session = 1;\n",
+        );
+        put(&ws.join("docs/index.md"), "# Docs\n");
+        for (p, c) in files {
+            put(&ws.join(p), c);
+        }
+        ok(
+            sh_in(
+                &ws,
+                "git init -q && git add -A && git commit -qm init && git status --porcelain",
+            ),
+            "git init",
+        );
+        chmod(&root, 0o755);
+        chmod(&private, 0o700);
+        chmod(&ws, 0o755);
+        chmod(&mnt, 0o755);
+        Layout {
+            _dir: dir,
+            root,
+            ws,
+            mnt,
+        }
+    }
+
+    /// `intentfs mount ARGS... WS MNT` (daemonized: returns once the mount serves).
+    pub fn mount(&self, args: &[&str]) -> (Mount, Output) {
+        let mut c = intentfs();
+        c.arg("mount")
+            .args(args)
+            .arg("--log")
+            .arg(self.root.join("daemon.log"))
+            .arg(&self.ws)
+            .arg(&self.mnt);
+        let out = run_timeout(c, Duration::from_secs(20));
+        assert!(
+            out.status.success(),
+            "intentfs mount {args:?} failed: {}{}",
+            text(&out.stderr),
+            std::fs::read_to_string(self.root.join("daemon.log")).unwrap_or_default()
+        );
+        (Mount::new(&self.mnt), out)
+    }
+
+    pub fn ledger(&self) -> Vec<serde_json::Value> {
+        read_ledger(&self.ws.join(LEDGER_REL))
+    }
+
+    pub fn wait_ledger(&self, what: &str, f: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let mut found = None;
+        wait_until(Duration::from_secs(5), || {
+            found = self.ledger().into_iter().find(|e| f(e));
+            found.is_some()
+        });
+        found.unwrap_or_else(|| panic!("no ledger entry {what}; ledger: {:#?}", self.ledger()))
+    }
+}
+
+/// A live mount, unmounted on drop (`intentfs umount`, else a lazy `umount -l`).
+pub struct Mount {
+    pub mnt: PathBuf,
+    /// Unmount with umount(8) only: `intentfs umount` waits for the daemon's recorded pid,
+    /// which for a daemon in its own pid namespace is a pid of that namespace.
+    pub plain: bool,
+}
+
+impl Mount {
+    pub fn new(mnt: &Path) -> Mount {
+        Mount {
+            mnt: mnt.to_path_buf(),
+            plain: false,
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if !is_mounted(&self.mnt) {
+            return;
+        }
+        if self.plain {
+            let _ = Command::new("umount").arg(&self.mnt).status();
+            if is_mounted(&self.mnt) {
+                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+            }
+            return;
+        }
+        let mut c = intentfs();
+        c.arg("umount").arg(&self.mnt);
+        let ok = c
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !ok || is_mounted(&self.mnt) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+    }
+}
+
