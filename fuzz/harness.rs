@@ -208,7 +208,10 @@ pub fn control(data: &[u8]) {
             if let Some(sel) = ident.intent() {
                 let it = policy.intent(&sel).expect("selected intent exists");
                 assert!(it.selectable(), "selected a non-selectable intent");
-                assert!(ident.allowed.allows(&sel), "selected outside the bound: {sel}");
+                assert!(
+                    ident.allowed.allows(&sel),
+                    "selected outside the bound: {sel}"
+                );
             }
         }
         let _ = ids.by_key(text.trim());

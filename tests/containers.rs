@@ -231,7 +231,10 @@ fn an_agent_container_started_with_intentfs_run_is_an_identity_of_its_own() {
     assert!(res.status.success(), "{ctx}");
     let m = markers(&text(&res.stdout));
     assert_eq!(m.get("write").map(String::as_str), Some("0"), "{ctx}");
-    assert!(text(&res.stdout).contains("\tinner\tINT-002 (locked)"), "{ctx}");
+    assert!(
+        text(&res.stdout).contains("\tinner\tINT-002 (locked)"),
+        "{ctx}"
+    );
     assert_ne!(m.get("nested").map(String::as_str), Some("0"), "{ctx}");
     assert_ne!(m.get("switch").map(String::as_str), Some("0"), "{ctx}");
     let w = l.wait_ledger("WRITE docs/index.md", |e| {
@@ -241,7 +244,10 @@ fn an_agent_container_started_with_intentfs_run_is_an_identity_of_its_own() {
     assert_eq!(w["intent_id"], "INT-002", "{w:#}");
     assert_eq!(w["agent"]["uid"], AGENT_UID, "{w:#}");
     assert!(
-        w["agent"]["identity"].as_str().unwrap_or("").starts_with("run:"),
+        w["agent"]["identity"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("run:"),
         "{w:#}"
     );
     // Nothing outside INT-002 changed, and no identity was granted from inside.

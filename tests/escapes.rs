@@ -1095,7 +1095,10 @@ fn git_objects_stay_writable() {
         .all(|e| !e["path"].as_str().unwrap_or("").starts_with(".git")));
     assert!(
         tm.ledger().iter().any(|e| e["mutation_type"] == "REF"
-            && e["detail"]["ref"].as_str().unwrap_or("").starts_with("refs/heads/")),
+            && e["detail"]["ref"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("refs/heads/")),
         "the commit's ref move is on record"
     );
 }

@@ -288,7 +288,8 @@ fn every_mutation_type_is_ledgered_with_real_hash_and_agent() {
     // The commit moved the branch: one REF entry, from the old commit to the new HEAD.
     let refs: Vec<&Value> = l.iter().filter(|e| e["mutation_type"] == "REF").collect();
     assert!(
-        refs.iter().any(|e| e["detail"]["new"] == head.as_str() && e["detail"]["old"] != head.as_str()),
+        refs.iter()
+            .any(|e| e["detail"]["new"] == head.as_str() && e["detail"]["old"] != head.as_str()),
         "no REF entry moving a branch to {head}: {refs:#?}"
     );
     tm.sh_ok("echo after > c.txt");

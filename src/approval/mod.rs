@@ -17,9 +17,9 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use broker::Broker;
-pub use socket::peer_cred;
 pub use desktop::desktop_available;
 pub use scope_updates::{record_scope_update, SCOPE_UPDATES_FILE};
+pub use socket::peer_cred;
 
 /// Why the filesystem asks a person.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

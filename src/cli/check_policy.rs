@@ -28,7 +28,12 @@ pub(crate) fn tracked_sensitive(workspace: &Path, policy: &Policy) -> Vec<String
     let out = std::process::Command::new("git")
         .arg("-C")
         .arg(workspace)
-        .args(["-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null"])
+        .args([
+            "-c",
+            "core.fsmonitor=false",
+            "-c",
+            "core.hooksPath=/dev/null",
+        ])
         .args(["ls-files", "-z"])
         .env("GIT_OPTIONAL_LOCKS", "0")
         .stdin(std::process::Stdio::null())
@@ -61,7 +66,11 @@ pub(crate) fn tracked_sensitive_warning(workspace: &Path, policy: &Policy) -> Op
         found.len(),
         workspace.display(),
         shown.join(", "),
-        if found.len() > shown.len() { ", …" } else { "" }
+        if found.len() > shown.len() {
+            ", …"
+        } else {
+            ""
+        }
     ))
 }
 
@@ -72,7 +81,8 @@ pub fn run(a: CheckPolicyArgs) -> anyhow::Result<ExitCode> {
             print!("{}", p.summary_table());
             let ws = a.workspace.clone().or_else(|| {
                 let dir = a.file.canonicalize().ok()?.parent()?.to_path_buf();
-                (dir.file_name()? == ".orchestration").then(|| dir.parent().map(Path::to_path_buf))?
+                (dir.file_name()? == ".orchestration")
+                    .then(|| dir.parent().map(Path::to_path_buf))?
             });
             if let Some(w) = ws.and_then(|w| tracked_sensitive_warning(&w, &p)) {
                 eprintln!("{w}");

@@ -143,7 +143,7 @@ struct Plan {
     args: MountArgs,
 }
 
-fn validate(a: MountArgs) -> anyhow::Result<Plan> {
+fn validate(a: MountArgs) -> anyhow::Result<(Plan, runtime::RuntimeDir)> {
     let workspace = a.workspace.canonicalize().map_err(|e| {
         anyhow!(
             "workspace {}: {e}\nhint: create it first, or check the path",
@@ -186,6 +186,9 @@ fn validate(a: MountArgs) -> anyhow::Result<Plan> {
             workspace.display()
         );
     }
+    // The runtime directory (control socket, pid, log) is checked first: one another user
+    // made is refused here, with how to fix it.
+    runtime::precheck(&mountpoint)?;
     if let Err(e) = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -241,29 +244,41 @@ fn validate(a: MountArgs) -> anyhow::Result<Plan> {
             bail!(
                 "--intents: {id:?} is not in {}\nhint: intents of the policy: {}",
                 policy_path.display(),
-                policy.intents().iter().map(|i| i.id.as_str()).collect::<Vec<_>>().join(", ")
+                policy
+                    .intents()
+                    .iter()
+                    .map(|i| i.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         }
     }
     if let (Some(id), Some(allowed)) = (&a.intent, &a.intents) {
         if !allowed.iter().any(|x| x == id || x == "all") {
-            bail!("--intent {id} is not among --intents {}\nhint: add it to --intents", allowed.join(","));
+            bail!(
+                "--intent {id} is not among --intents {}\nhint: add it to --intents",
+                allowed.join(",")
+            );
         }
     }
     let ledger_path = a
         .ledger
         .clone()
         .unwrap_or_else(|| crate::ledger::default_ledger_path(&workspace));
-    Ok(Plan {
-        workspace,
-        mountpoint,
-        policy_path,
-        ledger_path,
-        policy,
-        ignore,
-        loaded_stamps,
-        args: a,
-    })
+    let rt = runtime::create(&mountpoint)?;
+    Ok((
+        Plan {
+            workspace,
+            mountpoint,
+            policy_path,
+            ledger_path,
+            policy,
+            ignore,
+            loaded_stamps,
+            args: a,
+        },
+        rt,
+    ))
 }
 
 /// The policy and ledger files count as protected when they live inside the workspace.
@@ -332,7 +347,7 @@ fn backing_exposure(workspace: &Path, owner: u32) -> Option<String> {
 }
 
 pub fn run(a: MountArgs) -> anyhow::Result<ExitCode> {
-    let plan = validate(a)?;
+    let (plan, rt) = validate(a)?;
     if plan.args.allow_other {
         // SAFETY: geteuid has no preconditions.
         if let Some(why) = backing_exposure(&plan.workspace, unsafe { libc::geteuid() }) {
@@ -346,7 +361,6 @@ pub fn run(a: MountArgs) -> anyhow::Result<ExitCode> {
     if let Some(w) = super::check_policy::tracked_sensitive_warning(&plan.workspace, &plan.policy) {
         eprintln!("{w}");
     }
-    let rt = runtime::create(&plan.mountpoint)?;
     if plan.args.foreground {
         init_logging(None);
         serve(plan, &rt, None)?;
@@ -373,7 +387,10 @@ pub fn run(a: MountArgs) -> anyhow::Result<ExitCode> {
             unsafe { libc::setsid() };
             // The default log is opened in the verified runtime directory, not by path.
             let logf = match &plan.args.log {
-                Some(p) => std::fs::OpenOptions::new().create(true).append(true).open(p),
+                Some(p) => std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p),
                 None => rt.open_file("daemon.log", true),
             };
             redirect_stdio(logf.ok());
@@ -557,7 +574,9 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
         let _ = fs.low_latency.set(ll);
     }
     let fs = Arc::new(fs);
-    broker.set_operator(Arc::new(crate::fs::operator::FsOperator(Arc::downgrade(&fs))));
+    broker.set_operator(Arc::new(crate::fs::operator::FsOperator(Arc::downgrade(
+        &fs,
+    ))));
     let spec = MountSpec {
         allow_other: plan.args.allow_other,
         threads: plan.args.threads,

@@ -147,7 +147,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     // The daemon moves this very process into the new identity before it answers: CMD,
     // started next, is born inside it.
     let reg = match talk(&sock, &Request::Register(req)) {
-        Ok(r) => r.registered.ok_or_else(|| anyhow!("the daemon granted no identity"))?,
+        Ok(r) => r
+            .registered
+            .ok_or_else(|| anyhow!("the daemon granted no identity"))?,
         Err(e) => bail!(
             "the mount at {} gave {:?} no identity of its own: {e:#}\nhint: identities are \
              granted by the mount's owner (or root) over its control socket; run `intentfs run` \
@@ -239,9 +241,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
         let lesson = LessonRequest {
             identity: reg.identity.clone(),
             command: a.cmd.join(" "),
-            status: status
-                .code()
-                .unwrap_or(128 + status.signal().unwrap_or(0)),
+            status: status.code().unwrap_or(128 + status.signal().unwrap_or(0)),
             output,
         };
         match talk(&sock, &Request::Lesson(lesson)) {
@@ -249,7 +249,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
                 "intentfs: verification failed; lesson recorded in {}",
                 r.file.as_deref().unwrap_or("the lessons file")
             ),
-            Err(e) => eprintln!("intentfs: verification failed; could not record the lesson: {e:#}"),
+            Err(e) => {
+                eprintln!("intentfs: verification failed; could not record the lesson: {e:#}")
+            }
         }
     }
     Ok(match (status.code(), status.signal()) {

@@ -142,7 +142,8 @@ impl RuntimeDir {
             | libc::O_NOFOLLOW
             | libc::O_CLOEXEC
             | if append { libc::O_APPEND } else { 0 };
-        let fd = crate::fs::sys::openat_mode(self.fd.as_fd(), std::ffi::OsStr::new(name), flags, 0o600)?;
+        let fd =
+            crate::fs::sys::openat_mode(self.fd.as_fd(), std::ffi::OsStr::new(name), flags, 0o600)?;
         Ok(std::fs::File::from(fd))
     }
 
@@ -155,6 +156,23 @@ impl RuntimeDir {
     pub fn remove(&self, name: &str) {
         let _ = crate::fs::sys::unlink_at(self.fd.as_fd(), std::ffi::OsStr::new(name), false);
     }
+}
+
+/// Check what exists of the runtime directory of the mount at `mountpoint` (nothing is
+/// made): a directory another user prepared is refused before anything else happens.
+pub fn precheck(mountpoint: &Path) -> anyhow::Result<()> {
+    let d = dir_for(mountpoint);
+    let base = d.parent().unwrap_or(&d);
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let exists = |p: &Path| std::fs::symlink_metadata(p).is_ok();
+    if exists(base) {
+        check_dir(base, true, me).map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    if exists(&d) {
+        check_dir(&d, true, me).map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    Ok(())
 }
 
 /// Create (or check) the runtime directory of the mount at `mountpoint`, private to the
@@ -183,7 +201,11 @@ pub fn create(mountpoint: &Path) -> anyhow::Result<RuntimeDir> {
     let st = crate::fs::sys::stat_fd(fd.as_fd())?;
     // SAFETY: geteuid has no preconditions.
     if st.st_uid != unsafe { libc::geteuid() } || st.st_mode & 0o077 != 0 {
-        anyhow::bail!("runtime directory {} changed while it was checked\n{}", d.display(), hint());
+        anyhow::bail!(
+            "runtime directory {} changed while it was checked\n{}",
+            d.display(),
+            hint()
+        );
     }
     Ok(RuntimeDir { path: d, fd })
 }
@@ -246,7 +268,9 @@ pub fn intentfs_mounts() -> Vec<PathBuf> {
             continue;
         }
         if let Some(mp) = left.split_whitespace().nth(4) {
-            out.push(PathBuf::from(crate::guard::tracking::unescape_mountinfo(mp)));
+            out.push(PathBuf::from(crate::guard::tracking::unescape_mountinfo(
+                mp,
+            )));
         }
     }
     out

@@ -74,7 +74,9 @@ fn intents_of(fs: &Fs, req: &RegisterRequest) -> Result<Intents, String> {
 impl Operator for FsOperator {
     fn register(&self, peer: u32, req: RegisterRequest) -> Result<Registered, String> {
         let fs = self.fs()?;
-        if req.agent.trim().is_empty() || req.agent.len() > 128 || req.agent.chars().any(char::is_control)
+        if req.agent.trim().is_empty()
+            || req.agent.len() > 128
+            || req.agent.chars().any(char::is_control)
         {
             return Err("the agent name must be 1 to 128 printable characters".into());
         }
@@ -95,7 +97,14 @@ impl Operator for FsOperator {
         if let Some(l) = &fs.ledger {
             let draft = Draft {
                 intent_id: ident.intent(),
-                agent: Some(fs.agent(&ident, &super::Caller { uid: req.uid.unwrap_or(0), gid: 0, pid: peer })),
+                agent: Some(fs.agent(
+                    &ident,
+                    &super::Caller {
+                        uid: req.uid.unwrap_or(0),
+                        gid: 0,
+                        pid: peer,
+                    },
+                )),
                 mutation_type: Some(MutationType::Identity),
                 outcome: "ok".into(),
                 detail: Some(serde_json::json!({
@@ -106,7 +115,8 @@ impl Operator for FsOperator {
                 })),
                 ..Default::default()
             };
-            l.record(draft).map_err(|e| format!("the ledger cannot be written: {e}"))?;
+            l.record(draft)
+                .map_err(|e| format!("the ledger cannot be written: {e}"))?;
         }
         Ok(Registered {
             identity: ident.key.clone(),

@@ -500,7 +500,8 @@ impl Fs {
         if !is_dir {
             self.check_stale_at(&ident, caller, "unlink", &rel, pfd.as_fd(), name)?;
         }
-        let old_ref = crate::policy::git::ref_name(&rel).and_then(|_| sys::read_ref_at(pfd.as_fd(), name));
+        let old_ref =
+            crate::policy::git::ref_name(&rel).and_then(|_| sys::read_ref_at(pfd.as_fd(), name));
         sys::unlink_at(pfd.as_fd(), name, is_dir)?;
         if old_ref.is_some() {
             self.record_ref(&ident, caller, &rel, old_ref, None)?;
@@ -1235,7 +1236,12 @@ impl Fs {
                     if let Err(e) = l.record(draft) {
                         // The switch is undone: a selection that is not on record did not happen.
                         *ident.intent.lock() = from;
-                        return Err(self.ledger_denial(&ident, "select-intent", Path::new(".intentfs/intent"), &e.to_string()));
+                        return Err(self.ledger_denial(
+                            &ident,
+                            "select-intent",
+                            Path::new(".intentfs/intent"),
+                            &e.to_string(),
+                        ));
                     }
                 }
                 Ok(data.len())

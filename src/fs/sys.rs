@@ -71,13 +71,19 @@ pub fn open_root(path: &std::path::Path) -> io::Result<OwnedFd> {
 
 /// `openat(dir, name, flags, mode)` of a single name (the caller passes `O_NOFOLLOW`
 /// where a symlink must not be followed).
-pub fn openat_mode(dir: BorrowedFd<'_>, name: &OsStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+pub fn openat_mode(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    flags: i32,
+    mode: u32,
+) -> io::Result<OwnedFd> {
     if !valid_name(name) {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     let c = cstr(name)?;
     // SAFETY: valid C string and dirfd; we own the returned fd.
-    let fd = check(unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags, mode as libc::c_uint) })?;
+    let fd =
+        check(unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags, mode as libc::c_uint) })?;
     // SAFETY: fresh fd from openat.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }

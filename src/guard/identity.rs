@@ -12,7 +12,6 @@ use globset::GlobMatcher;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-
 use parking_lot::Mutex;
 
 use super::stale::Seen;
@@ -335,4 +334,3 @@ pub fn proc_name(pid: u32) -> String {
     };
     String::from_utf8_lossy(buf[..n].strip_suffix(b"\n").unwrap_or(&buf[..n])).into_owned()
 }
-

@@ -220,13 +220,19 @@ fn proc_readers_read_parent_start_time_cgroup_and_name() {
         .unwrap();
     assert_eq!(start, field22);
     let want = std::fs::read_to_string("/proc/self/comm").unwrap();
-    assert_eq!(crate::guard::identity::proc_name(pid), want.trim_end_matches('\n'));
+    assert_eq!(
+        crate::guard::identity::proc_name(pid),
+        want.trim_end_matches('\n')
+    );
     assert_eq!(crate::guard::identity::proc_name(0), "");
     assert_eq!(crate::guard::identity::proc_name(u32::MAX), "");
     assert!(crate::guard::tracking::proc_parent(u32::MAX).is_none());
     let cg = std::fs::read_to_string("/proc/self/cgroup").unwrap();
     if let Some(line) = cg.lines().find_map(|l| l.strip_prefix("0::")) {
-        assert_eq!(crate::guard::tracking::proc_cgroup(pid).as_deref(), Some(line));
+        assert_eq!(
+            crate::guard::tracking::proc_cgroup(pid).as_deref(),
+            Some(line)
+        );
     }
     assert_eq!(
         crate::guard::tracking::unescape_mountinfo("/mnt/a\\040b\\134c"),
@@ -257,7 +263,11 @@ fn ancestry_identities_follow_the_process_tree_and_the_cache_forgets_exited_pids
     )
     .unwrap();
     let grandchild: u32 = line.trim().parse().unwrap();
-    assert_eq!(ids.resolve(grandchild).key, "default", "nothing granted yet");
+    assert_eq!(
+        ids.resolve(grandchild).key,
+        "default",
+        "nothing granted yet"
+    );
     let (ident, anchor) = ids
         .grant(
             me,
@@ -301,7 +311,10 @@ fn ancestry_identities_follow_the_process_tree_and_the_cache_forgets_exited_pids
         ids.resolve(grandchild).key == "default"
     });
     assert!(gone, "the exited pid is still answered as the identity");
-    assert_eq!(ids.by_key(&ident.key).map(|i| i.name.clone()).as_deref(), Some("agent"));
+    assert_eq!(
+        ids.by_key(&ident.key).map(|i| i.name.clone()).as_deref(),
+        Some("agent")
+    );
 }
 
 #[test]

@@ -105,7 +105,10 @@ pub fn unescape_mountinfo(s: &str) -> String {
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'\\' && i + 4 <= b.len() {
-            if let Some(v) = s.get(i + 1..i + 4).and_then(|o| u8::from_str_radix(o, 8).ok()) {
+            if let Some(v) = s
+                .get(i + 1..i + 4)
+                .and_then(|o| u8::from_str_radix(o, 8).ok())
+            {
                 out.push(v);
                 i += 4;
                 continue;
@@ -255,7 +258,9 @@ impl PidCache {
 }
 
 /// The spare capacity of an event vector, as epoll's output buffer.
-fn spare(v: &mut Vec<rustix::event::epoll::Event>) -> rustix::buffer::SpareCapacity<'_, rustix::event::epoll::Event> {
+fn spare(
+    v: &mut Vec<rustix::event::epoll::Event>,
+) -> rustix::buffer::SpareCapacity<'_, rustix::event::epoll::Event> {
     rustix::buffer::spare_capacity(v)
 }
 
@@ -313,7 +318,9 @@ impl Identities {
                 Some(b)
             }
             Err(e) => {
-                tracing::info!("cgroup v2 is not usable for identities ({e}); tracking by ancestry");
+                tracing::info!(
+                    "cgroup v2 is not usable for identities ({e}); tracking by ancestry"
+                );
                 None
             }
         });
@@ -414,10 +421,12 @@ impl Identities {
     /// cannot be done) `peer` becomes the anchor of an ancestry. The new identity.
     pub fn grant(&self, peer: u32, g: Grant) -> Result<(Arc<Identity>, Anchor), String> {
         let Some((_, start)) = proc_parent(peer).filter(|_| peer != 0) else {
-            return Err("the daemon cannot see the calling process (it runs in another pid \
+            return Err(
+                "the daemon cannot see the calling process (it runs in another pid \
                         namespace, e.g. a sidecar container): identities can only be granted \
                         to processes the daemon sees"
-                .into());
+                    .into(),
+            );
         };
         let inside = self.resolve(peer);
         if inside.key != "default" {
@@ -440,7 +449,9 @@ impl Identities {
             Some(base) => match join_cgroup(base, &key, peer) {
                 Ok(a) => a,
                 Err(e) => {
-                    tracing::warn!("identity {key}: cannot use a cgroup ({e}); tracking by ancestry");
+                    tracing::warn!(
+                        "identity {key}: cannot use a cgroup ({e}); tracking by ancestry"
+                    );
                     Anchor::Process { pid: peer, start }
                 }
             },
@@ -610,8 +621,18 @@ pub fn cgroup_name(mountpoint: &Path) -> String {
         .to_string_lossy()
         .trim_start_matches('/')
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
-    let key = if key.len() > 200 { &key[key.len() - 200..] } else { &key };
+    let key = if key.len() > 200 {
+        &key[key.len() - 200..]
+    } else {
+        &key
+    };
     format!("intentfs-{key}")
 }

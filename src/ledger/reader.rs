@@ -418,6 +418,10 @@ pub struct UnfinishedWrite {
     pub identity: String,
     /// The intent it worked under.
     pub intent: Option<String>,
+    /// The content hash before the handle's first change (`None`: unknown; a created
+    /// file's is the empty file's).
+    #[serde(skip)]
+    pub before: Option<String>,
 }
 
 /// The last `CREATE`/`WRITE_BEGIN` of each path whose handle has no `WRITE` after it
@@ -447,6 +451,11 @@ fn unfinished_writes(entries: &[(u64, Entry)]) -> HashMap<PathBuf, UnfinishedWri
                             agent: agent.as_ref().map(|a| a.name.clone()).unwrap_or_default(),
                             identity: agent.map(|a| a.identity).unwrap_or_default(),
                             intent: e.intent_id.clone(),
+                            before: if e.mutation_type == MutationType::Create {
+                                e.content_hash.clone()
+                            } else {
+                                e.prev_content_hash.clone()
+                            },
                         },
                     ),
                 );
@@ -565,17 +574,13 @@ pub fn last_hashes(entries: &[(u64, Entry)]) -> HashMap<PathBuf, (String, u64, S
 /// Every file whose last recorded hash no longer matches the disk, sorted by path.
 pub fn verify_drift(ledger_path: &Path, workspace: &Path) -> io::Result<Vec<Drift>> {
     let entries = read_entries(ledger_path)?;
-    let unfinished = unfinished_writes(&entries);
+    let mut unfinished = unfinished_writes(&entries);
     let mut out = Vec::new();
     for (path, (recorded, line, entry_id)) in last_hashes(&entries) {
         // The daemon only records workspace-relative paths of plain components. A tampered
         // entry (`/dev/zero`, `../../etc/shadow`) must not make verify read outside the
         // workspace, or hash a device forever: report it instead of following it.
-        let contained = path
-            .components()
-            .all(|c| matches!(c, std::path::Component::Normal(_)))
-            && !path.as_os_str().is_empty();
-        if !contained {
+        if !contained(&path) {
             out.push(Drift {
                 path: path.to_string_lossy().into_owned(),
                 path_buf: path,
@@ -610,6 +615,9 @@ pub fn verify_drift(ledger_path: &Path, workspace: &Path) -> io::Result<Vec<Drif
         };
         if let Some(kind) = kind {
             let unfinished_write = unfinished.get(&path).filter(|u| u.line >= line).cloned();
+            if unfinished_write.is_some() {
+                unfinished.remove(&path);
+            }
             out.push(Drift {
                 path: path.to_string_lossy().into_owned(),
                 path_buf: path,
@@ -620,8 +628,42 @@ pub fn verify_drift(ledger_path: &Path, workspace: &Path) -> io::Result<Vec<Drif
             });
         }
     }
+    // A write that began on a file with no hash on record (never written through the mount
+    // before): a finding when the file no longer holds what it held before that write.
+    for (path, u) in unfinished {
+        if out.iter().any(|d| d.path_buf == path) || !contained(&path) {
+            continue;
+        }
+        let full = workspace.join(&path);
+        let actual = match std::fs::symlink_metadata(&full) {
+            Ok(m) if m.is_file() => sha256_file(&full)?.0,
+            Ok(_) => "not a regular file".into(),
+            Err(_) => "missing".into(),
+        };
+        if u.before.as_deref() == Some(actual.as_str()) {
+            continue;
+        }
+        out.push(Drift {
+            path: path.to_string_lossy().into_owned(),
+            path_buf: path,
+            line: u.line,
+            entry_id: u.entry_id.clone(),
+            kind: DriftKind::Modified {
+                recorded: u.before.clone().unwrap_or_else(|| "(unknown)".into()),
+                actual,
+            },
+            unfinished_write: Some(u),
+        });
+    }
     out.sort_by(|a, b| a.path_buf.cmp(&b.path_buf));
     Ok(out)
+}
+
+/// A workspace-relative path of plain components (what the daemon records).
+fn contained(path: &Path) -> bool {
+    path.components()
+        .all(|c| matches!(c, std::path::Component::Normal(_)))
+        && !path.as_os_str().is_empty()
 }
 
 /// Which entries a query returns; every set field must match.

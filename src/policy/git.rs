@@ -81,7 +81,9 @@ fn gitdir_rule(r: &[std::borrow::Cow<'_, str>]) -> Option<&'static str> {
                     break;
                 }
                 if exec_entry(&r[j..]).is_some() || r[j] == "worktrees" {
-                    return Some("a submodule's git directory (modules/) holds its config and hooks");
+                    return Some(
+                        "a submodule's git directory (modules/) holds its config and hooks",
+                    );
                 }
             }
             None
@@ -94,7 +96,9 @@ fn gitdir_rule(r: &[std::borrow::Cow<'_, str>]) -> Option<&'static str> {
 fn exec_entry(r: &[std::borrow::Cow<'_, str>]) -> Option<&'static str> {
     let first = r.first()?;
     if first.starts_with("config") {
-        return Some("config* sets programs git runs (core.fsmonitor, core.hooksPath, aliases, filters)");
+        return Some(
+            "config* sets programs git runs (core.fsmonitor, core.hooksPath, aliases, filters)",
+        );
     }
     match first.as_ref() {
         "hooks" => Some("hooks/ are run by git"),
@@ -147,7 +151,10 @@ mod tests {
             "sub/.git",
             ".git",
         ] {
-            assert!(exec_rule(Path::new(p), false).is_some(), "{p} must be protected");
+            assert!(
+                exec_rule(Path::new(p), false).is_some(),
+                "{p} must be protected"
+            );
         }
         for p in [
             ".git/HEAD",
@@ -169,7 +176,10 @@ mod tests {
             "hooks/x",
             "a/.gitignore",
         ] {
-            assert!(exec_rule(Path::new(p), false).is_none(), "{p} must stay writable");
+            assert!(
+                exec_rule(Path::new(p), false).is_none(),
+                "{p} must stay writable"
+            );
         }
         // A directory named .git may be made (git init, a nested repository); a file not.
         assert!(exec_rule(Path::new("sub/.git"), true).is_none());

@@ -573,7 +573,8 @@ fn build(raw: schema::RawPolicy, origin: &Path) -> Result<Policy, PolicyError> {
         Some(l) => {
             let p = PathBuf::from(&l.value);
             let plain = !p.as_os_str().is_empty()
-                && p.components().all(|c| matches!(c, std::path::Component::Normal(_)));
+                && p.components()
+                    .all(|c| matches!(c, std::path::Component::Normal(_)));
             if !plain {
                 return Err(err(
                     (l.referenced.line(), l.referenced.column()),

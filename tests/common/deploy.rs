@@ -159,7 +159,11 @@ impl Layout {
         read_ledger(&self.ws.join(LEDGER_REL))
     }
 
-    pub fn wait_ledger(&self, what: &str, f: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    pub fn wait_ledger(
+        &self,
+        what: &str,
+        f: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
         let mut found = None;
         wait_until(Duration::from_secs(5), || {
             found = self.ledger().into_iter().find(|e| f(e));
@@ -212,3 +216,62 @@ impl Drop for Mount {
     }
 }
 
+impl Layout {
+    /// `intentfs mount ARGS... WS MNT` with these variables in the daemon's environment.
+    pub fn mount_env(&self, args: &[&str], envs: &[(&str, &str)]) -> Mount {
+        let mut c = intentfs();
+        c.arg("mount")
+            .args(args)
+            .arg("--log")
+            .arg(self.root.join("daemon.log"))
+            .arg(&self.ws)
+            .arg(&self.mnt)
+            .envs(envs.iter().copied());
+        let out = run_timeout(c, Duration::from_secs(20));
+        assert!(
+            out.status.success(),
+            "intentfs mount {args:?} failed: {}{}",
+            text(&out.stderr),
+            std::fs::read_to_string(self.root.join("daemon.log")).unwrap_or_default()
+        );
+        Mount::new(&self.mnt)
+    }
+
+    /// A directory every uid can write, for an agent and the test to meet in (sync files).
+    pub fn meeting_dir(&self) -> PathBuf {
+        let d = self.root.join("meet");
+        std::fs::create_dir_all(&d).unwrap();
+        chmod(&d, 0o1777);
+        d
+    }
+
+    /// The daemon's status, read through the mount (as root).
+    pub fn status(&self) -> serde_json::Value {
+        let t = std::fs::read_to_string(self.mnt.join(".intentfs/status")).unwrap();
+        serde_json::from_str(&t).unwrap()
+    }
+}
+
+/// `intentfs run --mount MNT --user AGENT_UID ARGS -- sh -c SCRIPT`, started by the operator
+/// (root) from the mount: an agent under another uid, as the threat model has it.
+pub fn agent_cmd(l: &Layout, args: &[&str], script: &str) -> Command {
+    let mut c = intentfs();
+    c.arg("run")
+        .arg("--mount")
+        .arg(&l.mnt)
+        .args(["--user", &AGENT_UID.to_string()])
+        .args(args)
+        .args(["--", "sh", "-c", script])
+        .current_dir(&l.mnt)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "agent")
+        .env("GIT_AUTHOR_EMAIL", "agent@example.com")
+        .env("GIT_COMMITTER_NAME", "agent")
+        .env("GIT_COMMITTER_EMAIL", "agent@example.com");
+    c
+}
+
+/// Run [`agent_cmd`] to its end (60 s at most).
+pub fn run_agent(l: &Layout, args: &[&str], script: &str) -> Output {
+    run_timeout(agent_cmd(l, args, script), Duration::from_secs(60))
+}

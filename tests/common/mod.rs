@@ -507,7 +507,15 @@ impl TestMount {
             .filter(|e| {
                 !matches!(
                     e["mutation_type"].as_str(),
-                    Some("MOUNT" | "UNMOUNT" | "DENIAL" | "WRITE_BEGIN" | "INTENT" | "IDENTITY" | "REF")
+                    Some(
+                        "MOUNT"
+                            | "UNMOUNT"
+                            | "DENIAL"
+                            | "WRITE_BEGIN"
+                            | "INTENT"
+                            | "IDENTITY"
+                            | "REF"
+                    )
                 )
             })
             .collect()
