@@ -1,5 +1,6 @@
 //! Criterion benchmarks of the governance hot paths (issue 6): policy evaluation with a
-//! 1,000-glob policy, SHA-256 hashing throughput, ledger appends.
+//! 1,000-glob policy, SHA-256 hashing throughput, ledger appends, and which identity a
+//! request belongs to (issue 16).
 //!
 //!     cargo bench --bench governance                 # full (about 1 min)
 //!     cargo bench --bench governance -- --quick      # smoke run
@@ -312,5 +313,63 @@ fn bench_ledger(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_policy, bench_hash, bench_ledger);
+/// Which identity a request belongs to, once `intentfs run` identities exist:
+/// - `proc_stat_per_request`: what every request paid before issue 16 (one read of
+///   `/proc/<pid>/stat` for the caller's session);
+/// - `uncached_lookup`: the lookup itself (`/proc/<pid>/cgroup`, then the ancestry walk of
+///   `/proc/<pid>/stat` up to init), paid once per thread;
+/// - `cached`: what a request pays once its thread is known (a map lookup under a read lock).
+fn bench_identity(c: &mut Criterion) {
+    use intentfs::guard::tracking::{Grant, Identities};
+    use intentfs::guard::Intents;
+    let mut g = c.benchmark_group("identity");
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    let mut child = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    g.bench_function("proc_stat_per_request", |b| {
+        b.iter(|| {
+            let mut buf = [0u8; 1024];
+            let mut f = std::fs::File::open(format!("/proc/{pid}/stat")).unwrap();
+            let n = std::io::Read::read(&mut f, &mut buf).unwrap();
+            let stat = std::str::from_utf8(&buf[..n]).unwrap();
+            let rest = &stat[stat.rfind(')').unwrap() + 2..];
+            black_box(
+                rest.split_whitespace()
+                    .nth(3)
+                    .unwrap()
+                    .parse::<i32>()
+                    .unwrap(),
+            )
+        })
+    });
+    let ids = Identities::new("human".into(), Intents::All, false, None);
+    ids.grant(
+        std::process::id(),
+        Grant {
+            name: "agent".into(),
+            intents: Intents::All,
+            require_read: false,
+            uid: None,
+        },
+    )
+    .unwrap();
+    assert_ne!(ids.resolve(pid).key, "default");
+    g.bench_function("uncached_lookup", |b| b.iter(|| black_box(ids.lookup(pid))));
+    g.bench_function("cached", |b| b.iter(|| black_box(ids.resolve(pid))));
+    g.finish();
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+criterion_group!(
+    benches,
+    bench_policy,
+    bench_hash,
+    bench_ledger,
+    bench_identity
+);
 criterion_main!(benches);

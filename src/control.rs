@@ -198,7 +198,7 @@ pub struct WriteError {
     /// `EINVAL` (not an intent the policy can select), `EPERM` (not this identity's to
     /// select), `EACCES` (a read-only file).
     pub errno: i32,
-    pub denial: Denial,
+    pub denial: Box<Denial>,
 }
 
 /// The selectable intent ids of the policy that `ident` may select, for messages.
@@ -249,14 +249,14 @@ pub fn apply_write(
     if f != CtlFile::Intent {
         return Err(WriteError {
             errno: libc::EACCES,
-            denial: Denial::new(
+            denial: Box::new(Denial::new(
                 Code::ProtectedPath,
                 "write",
                 std::path::Path::new(DIR_NAME).join(f.name()).as_path(),
                 ident.intent().as_deref(),
                 format!(".intentfs/{} is read-only", f.name()),
                 "Only .intentfs/intent can be written.".into(),
-            ),
+            )),
         });
     }
     let to = if text.is_empty() {
@@ -266,18 +266,18 @@ pub fn apply_write(
             None => {
                 return Err(WriteError {
                     errno: libc::EINVAL,
-                    denial: handshake_denial(
+                    denial: Box::new(handshake_denial(
                         ident,
                         policy,
                         text,
                         format!("{text:?} is not an intent of the policy"),
-                    ),
+                    )),
                 })
             }
             Some(it) if !it.selectable() => {
                 return Err(WriteError {
                     errno: libc::EINVAL,
-                    denial: handshake_denial(
+                    denial: Box::new(handshake_denial(
                         ident,
                         policy,
                         text,
@@ -290,13 +290,13 @@ pub fn apply_write(
                                 " (a human paused this one)"
                             }
                         ),
-                    ),
+                    )),
                 })
             }
             Some(_) if !ident.allowed.allows(text) => {
                 return Err(WriteError {
                     errno: libc::EPERM,
-                    denial: handshake_denial(
+                    denial: Box::new(handshake_denial(
                         ident,
                         policy,
                         text,
@@ -305,7 +305,7 @@ pub fn apply_write(
                             ident.name,
                             ident.allowed.describe()
                         ),
-                    ),
+                    )),
                 })
             }
             Some(_) => Some(text.to_string()),

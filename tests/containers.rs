@@ -910,6 +910,8 @@ fn systemd_unit_commands_run_as_systemd_runs_them() {
             .unwrap_or_default()
     };
     assert_eq!(one("Service", "Type"), "exec");
+    // Identities are cgroups below the daemon's own: the unit delegates its subtree.
+    assert_eq!(one("Service", "Delegate"), "yes");
     assert_eq!(one("Service", "KillSignal"), "SIGTERM");
     assert_eq!(one("Service", "Restart"), "on-failure");
     assert_eq!(one("Service", "EnvironmentFile"), "/etc/intentfs/%i.conf");

@@ -1248,7 +1248,7 @@ impl Fs {
             }
             Err(control::WriteError { errno, denial }) => {
                 tracing::info!(agent = %ident.name, "handshake refused: {}", denial.message);
-                let _ = self.deny(&ident, caller, denial);
+                let _ = self.deny(&ident, caller, *denial);
                 err(errno)
             }
         }

@@ -363,8 +363,9 @@ impl Identities {
         cache.resolve(pid, || self.lookup(pid))
     }
 
-    /// The identity of `pid`, from `/proc` (no cache).
-    fn lookup(&self, pid: u32) -> Arc<Identity> {
+    /// The identity of `pid`, from `/proc` (no cache: what a thread's first request pays;
+    /// public for the governance benchmark).
+    pub fn lookup(&self, pid: u32) -> Arc<Identity> {
         let granted = self.granted.read();
         let by_cgroup = granted
             .values()
