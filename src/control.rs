@@ -133,7 +133,15 @@ pub fn render(
         CtlFile::Intent => ident.intent().map(|i| format!("{i}\n")).unwrap_or_default().into_bytes(),
         CtlFile::Context => match ident.intent().and_then(|i| policy.intent(&i).cloned()) {
             Some(it) => it.context_xml().into_bytes(),
-            None => b"<intent_context>\n  <none>no intent selected: write an id from .intentfs/intents to .intentfs/intent</none>\n</intent_context>\n".to_vec(),
+            None => {
+                let ids = selectable_for(ident, policy);
+                format!(
+                    "<intent_context>\n  <none>no intent selected: write one of these ids to .intentfs/intent: {}</none>\n{}</intent_context>\n",
+                    if ids.is_empty() { "(none can be selected: ask the human)".to_string() } else { ids.join(", ") },
+                    crate::policy::ON_REFUSAL
+                )
+                .into_bytes()
+            }
         },
         CtlFile::Intents => {
             let mut out = String::new();
@@ -169,6 +177,7 @@ pub fn render(
                         "intent": id.intent(),
                         "mutations": id.mutations.load(std::sync::atomic::Ordering::Relaxed),
                         "denials": id.denials.load(std::sync::atomic::Ordering::Relaxed),
+                        "probe_refusals": id.probes.load(std::sync::atomic::Ordering::Relaxed),
                         "stale_refusals": id.stale_refusals.load(std::sync::atomic::Ordering::Relaxed),
                         "files_seen": id.seen_count(),
                         "require_read": id.require_read,

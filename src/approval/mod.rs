@@ -204,6 +204,17 @@ pub struct LessonRequest {
     pub output: String,
 }
 
+/// The operator acknowledges files as they are on disk (`intentfs ledger ack`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AckRequest {
+    /// Workspace-relative paths.
+    pub paths: Vec<String>,
+    /// Why (recorded).
+    #[serde(default)]
+    pub note: Option<String>,
+}
+
 /// The operator's requests on the control socket other than approvals, served by the
 /// filesystem (which knows identities, the policy and the ledger). Only the mount's owner
 /// and root reach them.
@@ -212,6 +223,8 @@ pub trait Operator: Send + Sync {
     fn register(&self, peer: u32, req: RegisterRequest) -> Result<Registered, String>;
     /// Record a lesson; the file it went to.
     fn lesson(&self, req: LessonRequest) -> Result<String, String>;
+    /// Record the files as the operator found them (`uid`: who asked); how many.
+    fn ack(&self, uid: u32, req: AckRequest) -> Result<usize, String>;
 }
 
 /// Called exactly once with the decision, on whichever thread decided (the caller of

@@ -31,7 +31,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::broker::Inner;
-use super::{Decision, Grant, LessonRequest, PendingInfo, RegisterRequest, Registered};
+use super::{AckRequest, Decision, Grant, LessonRequest, PendingInfo, RegisterRequest, Registered};
 
 /// A client that sends nothing for this long is disconnected.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -58,6 +58,8 @@ pub enum Request {
     Register(RegisterRequest),
     /// Record a failed verification's lesson (`intentfs run --verify`).
     Lesson(LessonRequest),
+    /// Acknowledge files as they are on disk (`intentfs ledger ack`).
+    Ack(AckRequest),
     /// Unmount as SIGTERM does: reject every pending request, then unmount (lazily if busy).
     /// `intentfs umount` sends it when the mount is busy with prompts pending, and it works
     /// where a signal cannot reach (a daemon in another pid namespace).
@@ -85,6 +87,9 @@ pub struct Response {
     /// For `lesson`: the file it was appended to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<String>,
+    /// For `ack`: how many files were acknowledged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acked: Option<usize>,
 }
 
 impl Response {
@@ -373,6 +378,15 @@ fn handle(inner: &Inner, req: Request, pid: u32, uid: u32) -> Response {
             };
             match op.lesson(l) {
                 Ok(file) => Response { ok: true, file: Some(file), ..Default::default() },
+                Err(e) => Response::err(e),
+            }
+        }
+        Request::Ack(r) => {
+            let Some(op) = inner.operator.read().clone() else {
+                return Response::err("the mount is still starting: try again in a moment");
+            };
+            match op.ack(uid, r) {
+                Ok(n) => Response { ok: true, acked: Some(n), ..Default::default() },
                 Err(e) => Response::err(e),
             }
         }

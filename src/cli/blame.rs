@@ -28,6 +28,11 @@ pub struct BlameArgs {
 /// The path relative to the workspace: as given when it is relative and exists
 /// there, else stripped of the workspace prefix (after canonicalizing both).
 fn relative(ws: &Path, p: &Path) -> anyhow::Result<PathBuf> {
+    // A path in the mount names the same file in the workspace.
+    let mapped = super::runtime::backing_path(p);
+    if mapped.starts_with(ws) && mapped.exists() {
+        return Ok(mapped.strip_prefix(ws).unwrap_or(&mapped).to_path_buf());
+    }
     if p.is_relative() && ws.join(p).exists() {
         return Ok(p.to_path_buf());
     }
@@ -87,11 +92,28 @@ pub fn render(r: &BlameReport) -> String {
             l.text
         ));
     }
-    if r.lines
-        .iter()
-        .any(|l| matches!(l.origin, Origin::Unranged(_)))
-    {
-        s.push_str("(?): that write recorded no line ranges (binary or over 1 MiB then); the line may predate it\n");
+    // Why each unranged change has no line ranges, once per change.
+    let mut said = Vec::new();
+    for l in &r.lines {
+        if let Origin::Unranged(c) = &l.origin {
+            if said.contains(&c.entry_id) {
+                continue;
+            }
+            said.push(c.entry_id.clone());
+            let why = match c.mutation_type {
+                crate::ledger::MutationType::Truncate => "a truncation records no lines",
+                crate::ledger::MutationType::Create | crate::ledger::MutationType::Mknod => {
+                    "a file created empty records no lines"
+                }
+                _ => "the file was binary or over 1 MiB then",
+            };
+            s.push_str(&format!(
+                "(?): the {} of {} at {} recorded no line ranges ({why}); the line may predate it\n",
+                c.mutation_type.as_str(),
+                c.agent.as_deref().unwrap_or("-"),
+                c.timestamp
+            ));
+        }
     }
     s
 }

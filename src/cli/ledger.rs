@@ -25,6 +25,28 @@ pub enum LedgerCommand {
     Verify(VerifyArgs),
     /// Export the ledger in another format (JSON lines on stdout).
     Export(ExportArgs),
+    /// Acknowledge files changed outside the mount (a human's edit): record them as they
+    /// are on disk now, so `ledger verify` stops reporting their drift. The acknowledgement
+    /// is an `ACK` entry naming who made it.
+    #[command(after_long_help = "EXAMPLES:
+  intentfs ledger ack src/auth/session.ts --note 'hotfix by alice'
+  intentfs ledger ack ./project docs/a.md docs/b.md
+
+With the workspace mounted, the daemon records it (over the control socket, as the
+mount's owner or root); otherwise the ledger is appended to directly.")]
+    Ack(AckArgs),
+}
+
+/// `intentfs ledger ack [WORKSPACE] PATH... [--note TEXT]`
+#[derive(Debug, clap::Args)]
+pub struct AckArgs {
+    /// `[WORKSPACE] PATH...`: files (workspace-relative, or paths inside the workspace or
+    /// its mount); the workspace defaults to the one the current directory is in.
+    #[arg(required = true, num_args = 1..)]
+    pub paths: Vec<PathBuf>,
+    /// Why (recorded in the entry).
+    #[arg(long, value_name = "TEXT")]
+    pub note: Option<String>,
 }
 
 /// `intentfs ledger verify [WORKSPACE] [--ledger FILE] [--json]`
@@ -62,9 +84,14 @@ pub fn resolve(
     ledger: Option<PathBuf>,
 ) -> anyhow::Result<(PathBuf, PathBuf, bool)> {
     let explicit = workspace.is_some() || ledger.is_none();
+    // A mountpoint (or a directory in a mount) stands for its workspace; with nothing
+    // given, the workspace the current directory is in (in the mount or the workspace).
     let ws = match workspace {
-        Some(w) => w,
-        None => std::env::current_dir().context("cannot read the current directory")?,
+        Some(w) => super::runtime::backing_path(&w),
+        None => {
+            let cwd = std::env::current_dir().context("cannot read the current directory")?;
+            super::runtime::workspace_of(&cwd).unwrap_or(cwd)
+        }
     };
     let ledger = ledger.unwrap_or_else(|| crate::ledger::default_ledger_path(&ws));
     if !ledger.is_file() {
@@ -81,7 +108,72 @@ pub fn run(args: LedgerArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         LedgerCommand::Verify(a) => verify(a),
         LedgerCommand::Export(a) => export(a),
+        LedgerCommand::Ack(a) => ack(a),
     }
+}
+
+fn ack(a: AckArgs) -> anyhow::Result<ExitCode> {
+    // A first argument that is a directory holding a ledger is the workspace.
+    let (ws_arg, files) = match a.paths.split_first() {
+        Some((first, rest))
+            if !rest.is_empty()
+                && crate::ledger::default_ledger_path(&super::runtime::backing_path(first)).is_file() =>
+        {
+            (Some(first.clone()), rest.to_vec())
+        }
+        _ => (None, a.paths.clone()),
+    };
+    let (ws, ledger, _) = resolve(ws_arg, None)?;
+    let ws_c = ws.canonicalize().unwrap_or(ws.clone());
+    let mut rels = Vec::new();
+    for f in &files {
+        let mapped = super::runtime::backing_path(f);
+        let rel = if f.is_relative() && ws.join(f).symlink_metadata().is_ok() && !mapped.starts_with(&ws_c) {
+            f.clone()
+        } else {
+            let parent = mapped.parent().and_then(|p| p.canonicalize().ok());
+            let full = match (parent, mapped.file_name()) {
+                (Some(p), Some(n)) => p.join(n),
+                _ => mapped.clone(),
+            };
+            full.strip_prefix(&ws_c)
+                .map(Path::to_path_buf)
+                .map_err(|_| anyhow::anyhow!("{:?} is not inside the workspace {:?}", f.display().to_string(), ws.display().to_string()))?
+        };
+        rels.push(rel.to_string_lossy().into_owned());
+    }
+    let req = crate::approval::AckRequest {
+        paths: rels.clone(),
+        note: a.note.clone(),
+    };
+    // The mount of this workspace, if any, records it (its daemon holds the ledger).
+    let mounted = super::runtime::mounts_with_sources()
+        .into_iter()
+        .find(|(_, w)| w.canonicalize().ok().as_ref() == Some(&ws_c));
+    let n = match mounted {
+        Some((mp, _)) => {
+            let sock = super::approvals::socket_for(&mp)?;
+            super::approvals::talk(&sock, &crate::approval::socket::Request::Ack(req))?
+                .acked
+                .unwrap_or(0)
+        }
+        None => {
+            // SAFETY: geteuid has no preconditions.
+            let uid = unsafe { libc::geteuid() };
+            let drafts = crate::ledger::ack_drafts(&ws, &rels, a.note.as_deref(), uid)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let (l, _) = crate::ledger::Ledger::open(&ledger, crate::ledger::LedgerOptions::default())
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let n = drafts.len();
+            for d in drafts {
+                l.record(d).map_err(|e| anyhow::anyhow!("{e}"))?;
+            }
+            l.shutdown();
+            n
+        }
+    };
+    println!("acknowledged {n} file(s) as they are now: {}", rels.join(", "));
+    Ok(ExitCode::SUCCESS)
 }
 
 fn verify(a: VerifyArgs) -> anyhow::Result<ExitCode> {

@@ -69,11 +69,26 @@ enum Command {
     Log(log::LogArgs),
     /// Which intent and agent last changed each line of a file.
     Blame(blame::BlameArgs),
+    /// (There is no `verify`: it says where the command is.)
+    #[command(hide = true)]
+    Verify {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        rest: Vec<String>,
+    },
 }
 
 /// Parse the command line and run the subcommand.
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
+    // Commands that print for a pipe (`intentfs log | head`) end quietly when it closes,
+    // as other Unix tools do. (Not the daemon: a closed socket must not kill it.)
+    if matches!(
+        cli.command,
+        Command::Log(_) | Command::Blame(_) | Command::Ledger(_) | Command::CheckPolicy(_) | Command::Approvals(_)
+    ) {
+        // SAFETY: restoring the default action of SIGPIPE before any thread exists.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let result = match cli.command {
         Command::Mount(a) => mount::run(a),
         Command::Umount(a) => umount::run(a),
@@ -87,6 +102,10 @@ pub fn run() -> ExitCode {
         Command::Ledger(a) => ledger::run(a),
         Command::Log(a) => log::run(a),
         Command::Blame(a) => blame::run(a),
+        Command::Verify { rest } => Err(anyhow::anyhow!(
+            "there is no `verify` command\nhint: intentfs ledger verify {}",
+            if rest.is_empty() { "[WORKSPACE]".to_string() } else { rest.join(" ") }
+        )),
     };
     match result {
         Ok(code) => code,

@@ -73,7 +73,8 @@ pub struct MountArgs {
     #[arg(long)]
     pub allow_other: bool,
     /// Who answers when the policy says `ask` (out-of-scope writes, sensitive reads,
-    /// deletes) [default: desktop when a D-Bus session bus is reachable, else cli].
+    /// deletes) [default: desktop when a D-Bus session bus is reachable; else deny, since
+    /// nobody would see the request: choose cli to answer with `intentfs approve`].
     #[arg(long, value_enum)]
     pub approver: Option<ApproverArg>,
     /// Circuit breaker: an identity refused this many times within --breaker-window trips
@@ -281,6 +282,26 @@ fn validate(a: MountArgs) -> anyhow::Result<(Plan, runtime::RuntimeDir)> {
     ))
 }
 
+/// What the user must know about approvals before agents start: with no `--approver` and no
+/// desktop session, requests the policy asks a human about are refused at once.
+fn approver_notice(plan: &Plan) -> Option<String> {
+    if plan.args.approver.is_some() || crate::approval::desktop_available() {
+        return None;
+    }
+    let a = plan.policy.approval();
+    let asks = a.out_of_scope == crate::policy::OutOfScope::Ask
+        || a.sensitive_read == crate::policy::SensitiveRead::Ask
+        || a.delete == crate::policy::DeleteRule::Ask;
+    asks.then(|| {
+        "intentfs: no desktop session to show approval prompts: what the policy asks a human \
+         about (sensitive reads, and out-of-scope writes or deletes where it says `ask`) is \
+         refused at once.\n  hint: to answer from a terminal instead, mount with --approver cli \
+         and use `intentfs approvals` / `intentfs approve ID` (a request then waits up to the \
+         policy's timeout)"
+            .to_string()
+    })
+}
+
 /// The policy and ledger files count as protected when they live inside the workspace.
 fn protected_extra(plan: &Plan) -> Vec<PathBuf> {
     let mut v = Vec::new();
@@ -360,6 +381,9 @@ pub fn run(a: MountArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(w) = super::check_policy::tracked_sensitive_warning(&plan.workspace, &plan.policy) {
         eprintln!("{w}");
+    }
+    if let Some(n) = approver_notice(&plan) {
+        eprintln!("{n}");
     }
     if plan.args.foreground {
         init_logging(None);
@@ -532,7 +556,9 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
         Some(ApproverArg::Deny) => Mode::Deny,
         Some(ApproverArg::Allow) => Mode::Allow,
         None if crate::approval::desktop_available() => Mode::Desktop,
-        None => Mode::Cli,
+        // Nobody would see a request: refused at once, not after the whole timeout for
+        // every sensitive read (the mount says so at start, see `approver_notice`).
+        None => Mode::Deny,
     };
     // The broker always runs: its socket also serves `intentfs reset` and `approvals`.
     let broker = Broker::start(BrokerConfig {
@@ -574,6 +600,8 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
         let _ = fs.low_latency.set(ll);
     }
     let fs = Arc::new(fs);
+    let fs_weak = Arc::downgrade(&fs);
+    spawn_temp_sweeper(Arc::downgrade(&fs));
     broker.set_operator(Arc::new(crate::fs::operator::FsOperator(Arc::downgrade(
         &fs,
     ))));
@@ -665,6 +693,9 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
         stop.clone(),
     );
     let result = mounted.run();
+    if let Some(fs) = fs_weak.upgrade() {
+        fs.bursts.flush(&ledger, true);
+    }
     broker.shutdown();
     stop.store(true, Ordering::Relaxed);
     let _ = ledger.record(crate::ledger::Draft {
@@ -748,6 +779,25 @@ fn spawn_policy_watcher(
                         guard.set_reload_error(Some(e));
                     }
                 }
+            }
+        });
+}
+
+/// Clean up tools' temporaries left behind (`fs::temps`) and write the build output
+/// summaries whose burst ended (`fs::output`), once a second, for as long as the filesystem
+/// lives.
+fn spawn_temp_sweeper(fs: std::sync::Weak<Fs>) {
+    let _ = std::thread::Builder::new()
+        .name("temp-sweeper".into())
+        .spawn(move || loop {
+            std::thread::sleep(Duration::from_secs(1));
+            let Some(fs) = fs.upgrade() else { return };
+            let n = fs.sweep_temps();
+            if n > 0 {
+                tracing::info!("cleaned up {n} temporary file(s) tools left behind");
+            }
+            if let Some(l) = &fs.ledger {
+                fs.bursts.flush(l, false);
             }
         });
 }

@@ -251,9 +251,17 @@ pub fn wait_daemon_exit(mountpoint: &Path, max: std::time::Duration) -> bool {
 
 /// intentfs mounts listed in `/proc/self/mountinfo`: their mountpoints.
 pub fn intentfs_mounts() -> Vec<PathBuf> {
+    mounts_with_sources().into_iter().map(|(mp, _)| mp).collect()
+}
+
+/// intentfs mounts: (mountpoint, workspace), the workspace from the mount's source
+/// (`intentfs:/path` as the daemon names it; the helper `mount -t fuse.intentfs` passes the
+/// path itself).
+pub fn mounts_with_sources() -> Vec<(PathBuf, PathBuf)> {
     let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return Vec::new();
     };
+    let unescape = crate::guard::tracking::unescape_mountinfo;
     let mut out = Vec::new();
     for line in text.lines() {
         let mut parts = line.split(" - ");
@@ -268,12 +276,33 @@ pub fn intentfs_mounts() -> Vec<PathBuf> {
             continue;
         }
         if let Some(mp) = left.split_whitespace().nth(4) {
-            out.push(PathBuf::from(crate::guard::tracking::unescape_mountinfo(
-                mp,
-            )));
+            let src = unescape(source);
+            let ws = src.strip_prefix("intentfs:").unwrap_or(&src).to_string();
+            out.push((PathBuf::from(unescape(mp)), PathBuf::from(ws)));
         }
     }
     out
+}
+
+/// `path` as a path in the backing workspace when it lies inside an intentfs mount (the
+/// innermost), else as it is.
+pub fn backing_path(path: &Path) -> PathBuf {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    mounts_with_sources()
+        .into_iter()
+        .filter(|(mp, _)| abs.starts_with(mp))
+        .max_by_key(|(mp, _)| mp.components().count())
+        .map(|(mp, ws)| ws.join(abs.strip_prefix(&mp).unwrap_or(Path::new(""))))
+        .unwrap_or(abs)
+}
+
+/// The workspace that `dir` is in: `dir` (mapped from a mount to its workspace) or the
+/// nearest directory above it holding a ledger (`.orchestration/agent_trace.jsonl`).
+pub fn workspace_of(dir: &Path) -> Option<PathBuf> {
+    let dir = backing_path(dir);
+    dir.ancestors()
+        .find(|d| crate::ledger::default_ledger_path(d).is_file())
+        .map(Path::to_path_buf)
 }
 
 /// Is `path` an intentfs mountpoint?

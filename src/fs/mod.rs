@@ -16,8 +16,10 @@ pub mod inode;
 mod lesson;
 pub mod operator;
 pub mod ops;
+pub mod output;
 mod stale;
 pub mod sys;
+pub mod temps;
 pub mod watch;
 
 use std::collections::HashMap;
@@ -150,6 +152,8 @@ pub struct Counters {
     pub opens: AtomicU64,
     pub mutations: AtomicU64,
     pub denials: AtomicU64,
+    /// Refused probes of tools (see [`Fs::deny`]).
+    pub probes: AtomicU64,
     /// FUSE requests answered, by opcode.
     pub requests: Requests,
 }
@@ -258,6 +262,10 @@ pub struct Fs {
     pub passthrough: AtomicBool,
     /// `--low-latency`: told of every request (`node` is where nearly all of them start).
     pub low_latency: std::sync::OnceLock<Arc<crate::latency::LowLatency>>,
+    /// Tools' temporaries next to in-scope files (see [`temps`]).
+    pub temps: temps::Temps,
+    /// Build output summaries under way (see [`output`]).
+    pub bursts: output::Bursts,
 }
 
 impl Fs {
@@ -289,6 +297,8 @@ impl Fs {
             watch: std::sync::OnceLock::new(),
             passthrough: AtomicBool::new(false),
             low_latency: std::sync::OnceLock::new(),
+            temps: temps::Temps::default(),
+            bursts: output::Bursts::default(),
         })
     }
 
@@ -436,6 +446,16 @@ impl Fs {
 
     /// Refuse: remember it for the identity, count it, ledger it, and answer `EACCES`.
     pub(crate) fn deny(&self, ident: &Identity, caller: &Caller, d: Denial) -> FsError {
+        // A tool's harmless probe: git refreshing its index (`.git/index.lock`) or writing
+        // an object when no intent is selected yet (`git status` before the handshake). It
+        // is refused, and shown in last_error, but it is not a refusal an agent loops on:
+        // not counted for the breaker, not a DENIAL entry each (counted in `status`).
+        if d.code == crate::guard::Code::NoIntent && crate::policy::git::in_git_dir(&d.path) {
+            ident.probes.fetch_add(1, Ordering::Relaxed);
+            self.counters.probes.fetch_add(1, Ordering::Relaxed);
+            *ident.last_error.lock() = Some(d.clone());
+            return FsError::Denied(Box::new(d));
+        }
         ident.deny(&d);
         if d.code != crate::guard::Code::CircuitOpen && ident.count_refusal(self.breaker) {
             self.trip(ident, caller);
@@ -482,6 +502,7 @@ impl Fs {
         rel: &Path,
         is_dir: bool,
     ) -> Result<()> {
+        temps::NEW_TEMP.with(|t| t.set(false));
         let intent = ident.intent();
         if ident.tripped.load(Ordering::Acquire) {
             let d = Denial::new(
@@ -501,6 +522,9 @@ impl Fs {
         match self.guard.check_write(intent.as_deref(), op, rel, is_dir) {
             Ok(_) => {}
             Err(d) if d.code == crate::guard::Code::ScopeViolation => {
+                if self.temp_allowed(ident, op, rel) {
+                    return self.ledger_healthy(ident, caller, op, rel);
+                }
                 if ident.grants.lock().take(GrantKind::Write, rel) {
                     return self.ledger_healthy(ident, caller, op, rel);
                 }
@@ -521,6 +545,52 @@ impl Fs {
             Err(d) => return Err(self.deny(ident, caller, d)),
         }
         self.ledger_healthy(ident, caller, op, rel)
+    }
+
+    /// Outside the scope, but a tool's temporary (see [`temps`]): an existing temporary of
+    /// this identity (anything may be done to it but moving it elsewhere, which the rename
+    /// checks), a new entry in a companion directory of its intent, or a directory its
+    /// scope's globs imply. A new temporary is registered by the operation once it exists.
+    fn temp_allowed(&self, ident: &Identity, op: &str, rel: &Path) -> bool {
+        if self.temps.covers(&ident.key, rel) {
+            return true;
+        }
+        if !matches!(op, "create" | "mkdir" | "mknod" | "symlink") {
+            return false;
+        }
+        let rules = self.guard.rules();
+        let Some(it) = ident.intent().and_then(|i| rules.policy.intent(&i).cloned()) else {
+            return false;
+        };
+        if op == "mkdir" && it.implies_dir(rel) {
+            return true;
+        }
+        let parent = rel.parent().unwrap_or(Path::new(""));
+        if it.companion_dir(parent) || self.temps.covers(&ident.key, parent) {
+            temps::NEW_TEMP.with(|t| t.set(true));
+            return true;
+        }
+        false
+    }
+
+    /// Whether `to` may take a rename as a temporary: outside the scope only, in a companion
+    /// directory of the identity's intent (or a temporary directory of it), and free or
+    /// already this identity's temporary.
+    pub(crate) fn temp_target(&self, ident: &Identity, to: &Path, is_dir: bool, dst_exists: bool) -> bool {
+        let intent = ident.intent();
+        match self.guard.check_write(intent.as_deref(), "rename", to, is_dir) {
+            Err(d) if d.code == crate::guard::Code::ScopeViolation => {}
+            _ => return false,
+        }
+        if dst_exists && !self.temps.covers(&ident.key, to) {
+            return false;
+        }
+        let rules = self.guard.rules();
+        let Some(it) = intent.and_then(|i| rules.policy.intent(&i).cloned()) else {
+            return false;
+        };
+        let parent = to.parent().unwrap_or(Path::new(""));
+        it.companion_dir(parent) || self.temps.covers(&ident.key, parent)
     }
 
     /// The breaker tripped: say so loudly (log, ledger, and the human channel).
@@ -687,6 +757,24 @@ impl Fs {
             return Ok(());
         }
         let Some(l) = &self.ledger else { return Ok(()) };
+        let rules = self.guard.rules();
+        if let Some(rule) = rules.policy.output_match(rel) {
+            // Build output: counted into its burst's summary (a handle's begin is not).
+            if mt != MutationType::WriteBegin {
+                let root = output_root(&rules.policy, rel);
+                self.bursts.add(
+                    &ident.key,
+                    ident.intent(),
+                    self.agent(ident, caller),
+                    mt,
+                    rel,
+                    root,
+                    rule,
+                    draft.size,
+                );
+            }
+            return Ok(());
+        }
         draft.intent_id = ident.intent();
         draft.agent = Some(self.agent(ident, caller));
         draft.mutation_type = Some(mt);
@@ -703,4 +791,15 @@ impl Fs {
         }
         Ok(())
     }
+}
+
+/// The directory a build output summary is named by: the shortest ancestor of `rel` (or
+/// `rel`) under the same `output:` rule (`target` for `target/debug/x` under `target/`).
+fn output_root(policy: &crate::policy::Policy, rel: &Path) -> PathBuf {
+    let mut up: Vec<&Path> = rel.ancestors().filter(|a| !a.as_os_str().is_empty()).collect();
+    up.reverse();
+    up.into_iter()
+        .find(|a| policy.output_match(a).is_some())
+        .unwrap_or(rel)
+        .to_path_buf()
 }

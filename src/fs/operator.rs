@@ -5,7 +5,7 @@
 use std::sync::{Arc, Weak};
 
 use super::Fs;
-use crate::approval::{LessonRequest, Operator, RegisterRequest, Registered};
+use crate::approval::{AckRequest, LessonRequest, Operator, RegisterRequest, Registered};
 use crate::guard::tracking::Grant;
 use crate::guard::Intents;
 use crate::ledger::{Draft, MutationType};
@@ -128,5 +128,18 @@ impl Operator for FsOperator {
     fn lesson(&self, req: LessonRequest) -> Result<String, String> {
         let fs = self.fs()?;
         fs.append_lesson(&req)
+    }
+
+    fn ack(&self, uid: u32, req: AckRequest) -> Result<usize, String> {
+        let fs = self.fs()?;
+        let Some(l) = &fs.ledger else {
+            return Err("this mount has no ledger".into());
+        };
+        let drafts = crate::ledger::ack_drafts(&fs.cfg.workspace, &req.paths, req.note.as_deref(), uid)?;
+        let n = drafts.len();
+        for d in drafts {
+            l.record(d).map_err(|e| format!("the ledger cannot be written: {e}"))?;
+        }
+        Ok(n)
     }
 }

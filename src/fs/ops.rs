@@ -329,9 +329,13 @@ impl Fs {
         let ident = self.authorize(caller, op, &rel, is_dir)?;
         let pfd = self.fd(&p)?;
         self.watch_dir_fd(&p, pfd.as_fd());
+        let temp = super::temps::NEW_TEMP.with(|t| t.replace(false));
         {
             let _cred = sys::FsCred::switch(caller.uid, caller.gid);
             make(pfd.as_fd())?;
+        }
+        if temp {
+            self.temps.add(&ident, caller, &rel, is_dir, None);
         }
         let fd = sys::open_path(pfd.as_fd(), name)?;
         let st = sys::stat_fd(fd.as_fd())?;
@@ -503,6 +507,7 @@ impl Fs {
         let old_ref =
             crate::policy::git::ref_name(&rel).and_then(|_| sys::read_ref_at(pfd.as_fd(), name));
         sys::unlink_at(pfd.as_fd(), name, is_dir)?;
+        self.temps.remove(&rel);
         if old_ref.is_some() {
             self.record_ref(&ident, caller, &rel, old_ref, None)?;
         }
@@ -697,9 +702,20 @@ impl Fs {
                 self.sensitive_read(&ident, caller, &from, d)?;
             }
         }
-        self.authorize_as(&ident, caller, "rename", &to, src_dir)?;
         let dst = sys::stat_at(npfd.as_fd(), newname).ok();
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        // A tool's temporary may take a free name next to in-scope files (vim renames the
+        // file to `name~` before writing it anew); such a rename never replaces anything.
+        let to_temp = !exchange && self.temp_target(&ident, &to, src_dir, dst.is_some());
+        let from_temp = self.temps.covers(&ident.key, &from);
+        let flags = if to_temp && dst.is_none() {
+            flags | libc::RENAME_NOREPLACE
+        } else {
+            flags
+        };
+        if !to_temp {
+            self.authorize_as(&ident, caller, "rename", &to, src_dir)?;
+        }
         if src_dir {
             // Hold a counted reference while walking, released right after.
             let fd = sys::open_path(pfd.as_fd(), name)?;
@@ -741,6 +757,26 @@ impl Fs {
         if dst.is_some() {
             self.check_stale_at(&ident, caller, "rename", &to, npfd.as_fd(), newname)?;
         }
+        // A rename over a file (`sed -i`, editors, `os.replace`) is an edit of it: the entry
+        // carries the lines that changed against the file it replaced, and both hashes.
+        let edit = match &dst {
+            Some(d)
+                if !src_dir
+                    && !exchange
+                    && d.st_mode & libc::S_IFMT == libc::S_IFREG
+                    && src.st_mode & libc::S_IFMT == libc::S_IFREG
+                    && !super::stale::untracked(&to)
+                    && self.guard.rules().policy.output_match(&to).is_none() =>
+            {
+                let small = |dir, n| {
+                    sys::openat_mode(dir, n, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC, 0)
+                        .ok()
+                        .and_then(|fd| super::hash::read_small(&std::fs::File::from(fd), super::stale::RANGE_LIMIT))
+                };
+                small(npfd.as_fd(), newname).zip(small(pfd.as_fd(), name))
+            }
+            _ => None,
+        };
         let moved_ref = crate::policy::git::ref_name(&to).map(|_| {
             (
                 sys::read_ref_at(npfd.as_fd(), newname),
@@ -750,6 +786,15 @@ impl Fs {
         sys::rename_at(pfd.as_fd(), name, npfd.as_fd(), newname, flags)?;
         if let Some((old, new)) = moved_ref {
             self.record_ref(&ident, caller, &to, old, new)?;
+        }
+        match (from_temp, to_temp) {
+            (true, true) => self.temps.rename(&from, &to),
+            (true, false) => {
+                self.temps.remove(&from);
+                self.temps.remove(&to);
+            }
+            (false, true) => self.temps.add(&ident, caller, &to, src_dir, Some(from.clone())),
+            (false, false) => self.temps.remove(&to),
         }
         if exchange {
             ident.swap_paths(&from, &to);
@@ -771,8 +816,19 @@ impl Fs {
                 }
             }
         }
+        let (ranges, content_hash, prev_content_hash) = match &edit {
+            Some((old, new)) => (
+                crate::ledger::changed_ranges(old, new),
+                Some(crate::ledger::sha256_bytes(new)),
+                Some(crate::ledger::sha256_bytes(old)),
+            ),
+            None => (None, None, None),
+        };
         let draft = Draft {
             from: Some(from.clone()),
+            ranges,
+            content_hash,
+            prev_content_hash,
             size: if src_dir {
                 None
             } else {
@@ -996,7 +1052,9 @@ impl Fs {
                 "opens": self.counters.opens.load(Ordering::Relaxed),
                 "mutations": self.counters.mutations.load(Ordering::Relaxed),
                 "denials": self.counters.denials.load(Ordering::Relaxed),
+                "probe_refusals": self.counters.probes.load(Ordering::Relaxed),
                 "hashed_bytes": self.hashes.bytes.load(Ordering::Relaxed),
+                "temporaries": self.temps.len(),
                 "requests": self.counters.requests.to_json(),
                 "low_latency": self.low_latency.get().map(|l| {
                     let (bursts, held_ms) = l.stats();
@@ -1028,10 +1086,16 @@ impl Fs {
         let ident_intent = ident.intent();
         let pfd = self.fd(&p)?;
         self.watch_dir_fd(&p, pfd.as_fd());
+        let temp = super::temps::NEW_TEMP.with(|t| t.replace(false));
+        // A temporary is always a new file: never open an existing one as one.
+        let flags = if temp { flags | libc::O_EXCL } else { flags };
         let file = {
             let _cred = sys::FsCred::switch(caller.uid, caller.gid);
             sys::create_at(pfd.as_fd(), name, flags, mode & !umask)?
         };
+        if temp {
+            self.temps.add(&ident, caller, &rel, false, None);
+        }
         let fd = sys::open_path(pfd.as_fd(), name)?;
         let st = sys::stat_fd(fd.as_fd())?;
         let node = self.table.lookup(parent, name, Some(fd), &st);

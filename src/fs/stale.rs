@@ -190,6 +190,26 @@ impl Fs {
                 Ok(())
             };
         }
+        // The file is exactly as this identity's own last write through an open handle left
+        // it (a `write`, a page of a shared mapping written back, `fallocate`,
+        // `copy_file_range`, a truncation through the handle): whatever the views say, the
+        // difference is the identity's own doing, and it never goes stale against itself
+        // (rust-lld truncates its output, fills it through `mmap`, then renames it).
+        let own = self
+            .last_writer
+            .lock()
+            .get(&(st.st_dev, st.st_ino))
+            .is_some_and(|(k, s)| *k == ident.key && *s == race_stamp(&st));
+        if own {
+            if let Some(h) = hash_now() {
+                for (vrel, seen) in &views {
+                    if let Some((pid, _)) = seen {
+                        ident.saw(vrel, *pid, Seen { stamp: now, hash: h });
+                    }
+                }
+            }
+            return Ok(());
+        }
         let mut refresh = Vec::new();
         for (vrel, seen) in &views {
             let Some((pid, seen)) = seen else { continue };

@@ -85,6 +85,9 @@ pub struct Identity {
     pub last_error: Mutex<Option<Denial>>,
     /// Refusals so far.
     pub denials: AtomicU64,
+    /// Tools' harmless probes refused (git refreshing its index before the handshake):
+    /// counted here, not as denials, not for the breaker, not ledgered one by one.
+    pub probes: AtomicU64,
     /// Completed mutations so far.
     pub mutations: AtomicU64,
     /// Stale-file refusals so far.
@@ -173,6 +176,7 @@ impl Identity {
             intent: Mutex::new(intent),
             last_error: Mutex::new(None),
             denials: AtomicU64::new(0),
+            probes: AtomicU64::new(0),
             mutations: AtomicU64::new(0),
             stale_refusals: AtomicU64::new(0),
             require_read,

@@ -296,16 +296,31 @@ impl Guard {
             ));
         }
         let Some(id) = intent else {
+            let ids: Vec<&str> = rules
+                .policy
+                .intents()
+                .iter()
+                .filter(|i| i.selectable())
+                .map(|i| i.id.as_str())
+                .collect();
+            let remedy = match ids.first() {
+                Some(first) => format!(
+                    "Select an intent before changing files: read .intentfs/intents (selectable: {}), then write \
+                     one id to .intentfs/intent (e.g. `echo {first} > .intentfs/intent`), and read \
+                     .intentfs/context for its scope and constraints.",
+                    ids.join(", ")
+                ),
+                None => "No intent of the policy can be selected now (none is IN_PROGRESS): stop and ask the \
+                         human to set one IN_PROGRESS."
+                    .into(),
+            };
             return Err(Denial::new(
                 Code::NoIntent,
                 op,
                 rel,
                 None,
                 format!("no intent is selected, so {} cannot be changed", show(rel)),
-                "Select an intent before changing files: read .intentfs/intents to see the selectable \
-                 intents, then write one id to .intentfs/intent (e.g. `echo INT-001 > .intentfs/intent`), \
-                 and read .intentfs/context for its scope and constraints."
-                    .into(),
+                remedy,
             ));
         };
         let Some(it) = rules.policy.intent(id) else {

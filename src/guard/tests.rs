@@ -168,14 +168,15 @@ fn sensitive_reads() {
         "config/.env.local",
         "deploy/server.pem",
         "home/id_rsa",
-        "a/my_secret.txt",
         "CREDENTIALS.json",
+        ".netrc",
+        "keys/id_ed25519",
     ] {
         let d = deny.check_read(Some("ALL"), Path::new(p)).expect_err(p);
         assert_eq!(d.code, Code::SensitiveRead, "{p}");
         assert!(d.rule.is_some(), "{p}: the rule that decided is quoted");
     }
-    for p in ["src/main.rs", "README.md", "environment.txt"] {
+    for p in ["src/main.rs", "README.md", "environment.txt", "a/my_secret.txt", ".env.example"] {
         assert!(
             deny.check_read(None, Path::new(p)).is_ok(),
             "{p} is not sensitive"

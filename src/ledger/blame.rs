@@ -113,9 +113,29 @@ fn replay(entries: &[(u64, Entry)]) -> (HashMap<PathBuf, FileAttr>, Vec<Change>)
         match e.mutation_type {
             MutationType::Delete | MutationType::Rmdir => remove_tree(&mut files, &path),
             MutationType::Rename => {
+                // A rename over a file that recorded its changed lines (`sed -i`, an editor,
+                // `os.replace`) is an edit of the file it replaced: that file's attribution
+                // stays for the lines it did not change.
+                let replaced = e.ranges.as_ref().and_then(|_| files.get(&path).cloned());
                 if let Some(from) = e.from_buf() {
                     remove_tree(&mut files, &path);
                     rekey(&mut files, &from, &path);
+                }
+                if let (Some(mut attr), Some(ranges)) = (replaced, &e.ranges) {
+                    let idx = changes.len();
+                    changes.push(change_of(e));
+                    attr.versions.push(idx);
+                    for r in ranges {
+                        let (s, end) = (r.start_line.max(1) as usize, r.end_line as usize);
+                        if end < s {
+                            continue;
+                        }
+                        if attr.lines.len() < end {
+                            attr.lines.resize(end, None);
+                        }
+                        attr.lines[s - 1..end].fill(Some(idx));
+                    }
+                    files.insert(path.clone(), attr);
                 }
             }
             MutationType::Link => {

@@ -63,11 +63,17 @@ pub enum MutationType {
     Ref,
     /// An identity was granted by the operator (`detail`: intents, tracking, uid).
     Identity,
+    /// A burst of build output under an `output:` glob, summarized (`detail`: counts per
+    /// mutation type, bytes, first and last time, examples).
+    Output,
+    /// The operator acknowledged a file as it is on disk now (a change made outside the
+    /// mount, taken into the record): `content_hash` is the file's, or `detail.deleted`.
+    Ack,
 }
 
 impl MutationType {
     /// Every variant, in declaration order (for parsing and help text).
-    pub const ALL: [MutationType; 24] = [
+    pub const ALL: [MutationType; 26] = [
         MutationType::Write,
         MutationType::Create,
         MutationType::Delete,
@@ -92,6 +98,8 @@ impl MutationType {
         MutationType::WriteBegin,
         MutationType::Ref,
         MutationType::Identity,
+        MutationType::Output,
+        MutationType::Ack,
     ];
 
     /// The name as written in the ledger (`"WRITE"`, `"LEDGER_REPAIR"`, ...).
@@ -121,6 +129,8 @@ impl MutationType {
             MutationType::WriteBegin => "WRITE_BEGIN",
             MutationType::Ref => "REF",
             MutationType::Identity => "IDENTITY",
+            MutationType::Output => "OUTPUT",
+            MutationType::Ack => "ACK",
         }
     }
 
@@ -160,6 +170,8 @@ impl MutationType {
                 | MutationType::WriteBegin
                 | MutationType::Ref
                 | MutationType::Identity
+                | MutationType::Output
+                | MutationType::Ack
         )
     }
 }

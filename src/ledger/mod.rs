@@ -38,6 +38,54 @@ pub const DEFAULT_LEDGER: &str = ".orchestration/agent_trace.jsonl";
 /// Where the intent map is regenerated.
 pub const DEFAULT_INTENT_MAP: &str = ".orchestration/intent_map.md";
 
+/// The `ACK` entries that record `paths` (workspace-relative) as they are on disk now:
+/// each file's hash and size, or its deletion. `uid` is who acknowledged them.
+pub fn ack_drafts(
+    workspace: &std::path::Path,
+    paths: &[String],
+    note: Option<&str>,
+    uid: u32,
+) -> Result<Vec<Draft>, String> {
+    let mut out = Vec::new();
+    for p in paths {
+        let rel = std::path::PathBuf::from(p);
+        if rel.as_os_str().is_empty()
+            || !rel
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)))
+        {
+            return Err(format!("{p:?} is not a workspace-relative path"));
+        }
+        let full = workspace.join(&rel);
+        let (hash, size, deleted) = match std::fs::symlink_metadata(&full) {
+            Ok(m) if m.is_file() => {
+                let (h, n) = sha256_file(&full).map_err(|e| format!("{p}: {e}"))?;
+                (Some(h), Some(n), false)
+            }
+            Ok(_) => return Err(format!("{p} is not a regular file")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (None, None, true),
+            Err(e) => return Err(format!("{p}: {e}")),
+        };
+        out.push(Draft {
+            agent: Some(Agent {
+                name: "operator".into(),
+                identity: "operator".into(),
+                pid: 0,
+                uid,
+                process: "intentfs".into(),
+            }),
+            mutation_type: Some(MutationType::Ack),
+            path: Some(rel),
+            content_hash: hash,
+            size,
+            outcome: "ok".into(),
+            detail: Some(serde_json::json!({ "note": note, "deleted": deleted })),
+            ..Default::default()
+        });
+    }
+    Ok(out)
+}
+
 /// The default ledger path of a workspace.
 pub fn default_ledger_path(workspace: &std::path::Path) -> std::path::PathBuf {
     workspace.join(DEFAULT_LEDGER)

@@ -515,9 +515,25 @@ pub(crate) fn remove_tree<V>(map: &mut HashMap<PathBuf, V>, p: &Path) {
 pub fn last_hashes(entries: &[(u64, Entry)]) -> HashMap<PathBuf, (String, u64, String)> {
     let mut state: HashMap<PathBuf, (String, u64, String)> = HashMap::new();
     for (line, e) in entries {
-        // A lesson is the daemon's own append to the lessons file: its hash is that file's.
-        let lesson = e.mutation_type == MutationType::Lesson;
-        if (e.mutation_type.is_governance() && !lesson) || outcome_failed(&e.outcome) {
+        // Build output is summarized: what was recorded file by file below it is no longer
+        // followed.
+        if e.mutation_type == MutationType::Output && !outcome_failed(&e.outcome) {
+            if let Some(p) = e.path_buf() {
+                remove_tree(&mut state, &p);
+            }
+            continue;
+        }
+        // A lesson is the daemon's own append to the lessons file, an acknowledgement the
+        // operator's record of a file as it is: their hash is that file's.
+        let takes_hash = matches!(e.mutation_type, MutationType::Lesson | MutationType::Ack);
+        if (e.mutation_type.is_governance() && !takes_hash) || outcome_failed(&e.outcome) {
+            continue;
+        }
+        if e.mutation_type == MutationType::Ack && e.content_hash.is_none() {
+            // An acknowledged deletion.
+            if let Some(p) = e.path_buf() {
+                remove_tree(&mut state, &p);
+            }
             continue;
         }
         // A write to a file that lost its name before the handle closed (renamed over or

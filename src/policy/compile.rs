@@ -31,15 +31,36 @@ use super::error::{quote, quote_verbatim};
 /// The sensitive defaults. Each matches the file name at any depth (compiled as
 /// `**/PATTERN`), case-insensitively.
 pub const SENSITIVE_DEFAULTS: &[&str] = &[
+    // dotenv files (`.env.example` and `.env.sample` are not: see `is_env_example`)
     ".env",
     ".env.*",
+    // private keys and key stores
     "*.pem",
     "*.key",
     "id_rsa*",
     "id_ed25519*",
-    "*secret*",
-    "*credential*",
+    "id_ecdsa*",
+    "*.p12",
+    "*.pfx",
+    // credential files
+    ".netrc",
+    ".npmrc",
+    ".pypirc",
+    ".aws/credentials",
+    "credentials.json",
+    ".docker/config.json",
 ];
+
+/// Templates of dotenv files, meant to be read: `.env.example`, `.env.sample`,
+/// `.env.template`.
+pub fn is_env_example(rel: &Path) -> bool {
+    rel.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| {
+            let n = n.to_ascii_lowercase();
+            matches!(n.as_str(), ".env.example" | ".env.sample" | ".env.template" | ".env.dist")
+        })
+}
 
 /// What is wrong with a pattern, worded for [`super::PolicyError`].
 #[derive(Debug)]
@@ -197,8 +218,13 @@ impl RuleSet {
 /// The literal leading directories of a glob: its components up to the first one with a
 /// glob metacharacter, never including the last component. Empty when the first
 /// component has one (or the glob is a single component).
-fn literal_dirs(glob: &str) -> &str {
-    let is_meta = |c: &str| c.contains(['*', '?', '[', ']', '{', '}', '\\']);
+/// Whether a glob component (or path) has a glob metacharacter.
+pub(crate) fn has_meta(c: &str) -> bool {
+    c.contains(['*', '?', '[', ']', '{', '}', '\\'])
+}
+
+pub(crate) fn literal_dirs(glob: &str) -> &str {
+    let is_meta = has_meta;
     let (mut start, mut end) = (0, 0);
     for (slash, _) in glob.match_indices('/') {
         if is_meta(&glob[start..slash]) {
@@ -499,12 +525,16 @@ mod tests {
                 Some("sensitive default \"id_rsa*\""),
             ),
             (b"id_ed25519", Some("sensitive default \"id_ed25519*\"")),
-            (b"SECRET.txt", Some("sensitive default \"*secret*\"")),
-            (
-                b"x/my_Credentials.json",
-                Some("sensitive default \"*credential*\""),
-            ),
-            (b"src/\xffsecret", Some("sensitive default \"*secret*\"")),
+            // Secrets by kind, not any name with a word in it.
+            (b"SECRET.txt", None),
+            (b"x/my_Credentials.json", None),
+            (b"x/Credentials.json", Some("sensitive default \"credentials.json\"")),
+            (b"src/\xffsecret", None),
+            (b"cargo-credential/src/secret.rs", None),
+            (b"u/.aws/credentials", Some("sensitive default \".aws/credentials\"")),
+            (b"aws/credentials", None),
+            (b"u/.docker/config.json", Some("sensitive default \".docker/config.json\"")),
+            (b"ks/app.PFX", Some("sensitive default \"*.pfx\"")),
             (b"src/main.rs", None),
             (b".envrc", None),
             (b"keys/readme.md", None),

@@ -166,6 +166,47 @@ impl Intent {
         self.scope.matched(rel).map(str::to_owned)
     }
 
+    /// Directories this intent's globs name before their first wildcard, and their
+    /// parents (`crate` and `crate/src` for `crate/src/**`, `src` and `src/middleware` for
+    /// `src/middleware/jwt.ts`): making them is part of working in the scope, though the
+    /// globs may not match the directories themselves.
+    pub fn implies_dir(&self, dir: &Path) -> bool {
+        !dir.as_os_str().is_empty()
+            && self.owned_scope.iter().any(|g| {
+                let g = g.trim_start_matches("./");
+                let lit = match g.strip_suffix('/') {
+                    Some(d) if !compile::has_meta(d) => d,
+                    _ => compile::literal_dirs(g),
+                };
+                Path::new(lit).starts_with(dir)
+            })
+    }
+
+    /// Whether `dir` may hold a tool's temporary or companion file next to something in
+    /// this intent's scope: the directory an in-scope file is in (`src/middleware` for
+    /// `src/middleware/jwt.ts`, `docs` for `docs/*.md`, the root for `README.md`), the
+    /// parent of an in-scope directory (the root for `target/`: cargo makes `target7NaLVN`
+    /// and renames it), or a directory a glob's wildcards may reach.
+    pub fn companion_dir(&self, dir: &Path) -> bool {
+        self.owned_scope.iter().any(|g| {
+            let g = g.trim_start_matches("./");
+            if let Some(d) = g.strip_suffix('/').filter(|d| !compile::has_meta(d)) {
+                // `X/`: X and everything below are in scope; a sibling of X goes in its parent.
+                return Path::new(d).parent() == Some(dir);
+            }
+            let lit = compile::literal_dirs(g);
+            let rest = g[lit.len()..].trim_start_matches('/');
+            let lit = Path::new(lit);
+            if rest.starts_with("**") {
+                return lit.parent() == Some(dir) || dir.starts_with(lit);
+            }
+            if rest.contains('/') {
+                return dir.starts_with(lit);
+            }
+            dir == lit
+        })
+    }
+
     /// The `<intent_context>` block served by `.intentfs/context`, ready to paste into a
     /// prompt. Text is XML-escaped; characters XML 1.0 forbids become U+FFFD. Empty lists
     /// are written as empty elements (`<constraints/>`). Ends with a newline.
@@ -182,10 +223,16 @@ impl Intent {
             "criterion",
             &self.acceptance_criteria,
         );
+        out.push_str(ON_REFUSAL);
         out.push_str("</intent_context>\n");
         out
     }
 }
+
+/// What `<intent_context>` tells the agent to do when an operation is refused.
+pub const ON_REFUSAL: &str = "  <on_refusal>An operation refused with \"Permission denied\" (EACCES) or \
+\"Operation not permitted\" was refused by intentfs: read .intentfs/last_error (JSON: code, path, \
+message, remedy) and follow its remedy instead of retrying.</on_refusal>\n";
 
 fn xml_list(out: &mut String, outer: &str, inner: &str, items: &[String]) {
     if items.is_empty() {
@@ -227,12 +274,16 @@ pub struct Policy {
     by_id: HashMap<String, usize>,
     /// The `approval:` section, defaults filled in.
     approval: ApprovalPolicy,
-    /// Sensitive defaults followed by the policy's `sensitive:` globs.
+    /// The built-in sensitive patterns (secrets by kind).
+    sensitive_defaults: RuleSet,
+    /// The policy's `sensitive:` globs.
     sensitive: RuleSet,
     /// The file the policy came from (empty for [`Policy::empty`]).
     source: PathBuf,
     /// `lessons_file:`, when the policy names one.
     lessons_file: Option<PathBuf>,
+    /// `output:` globs (build output, ledgered as summaries).
+    output: RuleSet,
 }
 
 impl Policy {
@@ -297,15 +348,15 @@ impl Policy {
     /// No intents (nothing is selectable), default approval settings, default
     /// sensitive patterns.
     pub fn empty() -> Policy {
-        let mut sensitive = RuleSetBuilder::new();
-        compile::add_sensitive_defaults(&mut sensitive);
         Policy {
             intents: Vec::new(),
             by_id: HashMap::new(),
             approval: ApprovalPolicy::default(),
-            sensitive: sensitive.build().unwrap_or_else(|_| RuleSet::empty()),
+            sensitive_defaults: sensitive_defaults(),
+            sensitive: RuleSet::empty(),
             source: PathBuf::new(),
             lessons_file: None,
+            output: RuleSet::empty(),
         }
     }
 
@@ -324,6 +375,12 @@ impl Policy {
         &self.approval
     }
 
+    /// The `output:` glob that `rel` is build output under, quoted, if any: its mutations
+    /// are governed as usual and ledgered as summaries.
+    pub fn output_match(&self, rel: &Path) -> Option<&str> {
+        self.output.matched(rel)
+    }
+
     /// The lessons file the policy names (`lessons_file:`), if it names one.
     pub fn lessons_file(&self) -> Option<&Path> {
         self.lessons_file.as_deref()
@@ -334,7 +391,11 @@ impl Policy {
     /// Defaults match the file name at any depth, case-insensitively; the policy's own
     /// globs are anchored at the workspace root and case-sensitive, like scope globs.
     pub fn sensitive_match(&self, rel: &Path) -> Option<String> {
-        self.sensitive.matched(rel).map(str::to_owned)
+        self.sensitive_defaults
+            .matched(rel)
+            .filter(|_| !compile::is_env_example(rel))
+            .or_else(|| self.sensitive.matched(rel))
+            .map(str::to_owned)
     }
 
     /// The file this policy came from (empty for [`Policy::empty`]).
@@ -540,7 +601,6 @@ fn build(raw: schema::RawPolicy, origin: &Path) -> Result<Policy, PolicyError> {
     }
 
     let mut sensitive = RuleSetBuilder::new();
-    compile::add_sensitive_defaults(&mut sensitive);
     for glob in raw.sensitive.unwrap_or_default() {
         let glob_pos = (glob.referenced.line(), glob.referenced.column());
         let pattern = glob.value;
@@ -568,6 +628,16 @@ fn build(raw: schema::RawPolicy, origin: &Path) -> Result<Policy, PolicyError> {
         }) => build_approval(ra, &at, origin)?,
     };
 
+    let mut output = RuleSetBuilder::new();
+    for glob in raw.output.unwrap_or_default() {
+        let glob_pos = (glob.referenced.line(), glob.referenced.column());
+        let pattern = glob.value;
+        let problem = |p: compile::GlobProblem| err(glob_pos, p.message, p.hint);
+        let globs = compile::expand(&pattern, "output").map_err(problem)?;
+        let rule = format!("output {} (policy line {})", quote_verbatim(&pattern), glob_pos.0);
+        output.add(&pattern, &globs, rule, false).map_err(problem)?;
+    }
+    let output = output.build().map_err(|p| err((0, 0), p.message, p.hint))?;
     let lessons_file = match raw.lessons_file {
         None => None,
         Some(l) => {
@@ -590,10 +660,19 @@ fn build(raw: schema::RawPolicy, origin: &Path) -> Result<Policy, PolicyError> {
         intents,
         by_id,
         approval,
+        sensitive_defaults: sensitive_defaults(),
         sensitive,
         source: origin.to_path_buf(),
         lessons_file,
+        output,
     })
+}
+
+/// The built-in sensitive patterns, compiled.
+fn sensitive_defaults() -> RuleSet {
+    let mut b = RuleSetBuilder::new();
+    compile::add_sensitive_defaults(&mut b);
+    b.build().unwrap_or_else(|_| RuleSet::empty())
 }
 
 /// Validates the `approval:` section.

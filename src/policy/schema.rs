@@ -37,6 +37,10 @@ pub(crate) struct RawPolicy {
     /// Where `intentfs run --verify` lessons go (workspace-relative; default `CLAUDE.md`).
     #[serde(default)]
     pub lessons_file: Option<Spanned<String>>,
+    /// Build output globs (`target/`, `node_modules/`): governed as usual, ledgered as
+    /// summaries per identity, directory and burst.
+    #[serde(default)]
+    pub output: Option<Vec<Spanned<String>>>,
 }
 
 /// One intent as written.

@@ -365,7 +365,15 @@ fn sensitive_defaults_and_extras() {
         ("DUMP.SQL", None),    // policy globs are case-sensitive as written
         ("deploy/server.key", Some("sensitive default \"*.key\"")),
         ("config/prod/.env", Some("sensitive default \".env\"")), // defaults are listed first
-        ("src/SECRET.txt", Some("sensitive default \"*secret*\"")),
+        ("src/SECRET.txt", None), // code, not a secret by kind
+        ("cargo-credential/src/secret.rs", None),
+        ("docs/credential-provider-protocol.md", None),
+        (".env.example", None),
+        ("app/.env.sample", None),
+        ("app/.env.production", Some("sensitive default \".env.*\"")),
+        ("home/.aws/credentials", Some("sensitive default \".aws/credentials\"")),
+        ("certs/store.p12", Some("sensitive default \"*.p12\"")),
+        ("x/.npmrc", Some("sensitive default \".npmrc\"")),
         ("src/main.rs", None),
     ];
     for (path, expected) in table {
@@ -426,7 +434,7 @@ fn context_xml_is_escaped() {
     );
     let xml = p.intent("INT-9").expect("present").context_xml();
     assert_eq!(
-        xml,
+        xml.replace(super::ON_REFUSAL, ""),
         "<intent_context>\n  \
          <id>INT-9</id>\n  \
          <name>Fix &lt;script&gt; &amp; &apos;quotes&apos; &quot;here&quot;</name>\n  \
@@ -442,8 +450,11 @@ fn context_xml_is_escaped() {
 fn context_xml_matches_the_documented_shape() {
     let p = parse_ok(BASIC);
     let xml = p.intent("INT-001").expect("present").context_xml();
+    // The refusal hint comes last, before the closing tag.
+    assert!(xml.ends_with(&format!("{}</intent_context>\n", super::ON_REFUSAL)), "{xml}");
+    assert!(super::ON_REFUSAL.contains(".intentfs/last_error"));
     assert_eq!(
-        xml,
+        xml.replace(super::ON_REFUSAL, ""),
         "<intent_context>\n  <id>INT-001</id>\n  <name>JWT Authentication Migration</name>\n  \
          <status>IN_PROGRESS</status>\n  <owned_scope>\n    <glob>src/auth/**</glob>\n    \
          <glob>src/middleware/jwt.ts</glob>\n  </owned_scope>\n  <constraints>\n    \
@@ -585,4 +596,26 @@ fn an_empty_policy_file_is_an_error_not_a_policy_without_intents() {
     // An explicit empty list is a policy with no intents.
     let p = Policy::parse("active_intents: []\n", Path::new("p.yaml")).unwrap();
     assert!(p.intents().is_empty());
+}
+
+#[test]
+fn companion_and_implied_directories_follow_the_globs() {
+    let p = Policy::parse(
+        "intents:\n  - id: A\n    status: IN_PROGRESS\n    owned_scope: [\"src/middleware/jwt.ts\", \"target/\", \"crate/src/**\", \"docs/*.md\", \"README.md\"]\n",
+        Path::new("p.yaml"),
+    )
+    .unwrap();
+    let a = p.intent("A").unwrap();
+    for d in ["src/middleware", "", "crate", "crate/src", "crate/src/x", "docs"] {
+        assert!(a.companion_dir(Path::new(d)), "{d:?} should be a companion directory");
+    }
+    for d in ["src", "src/auth", "docs/sub", "target/x", "other"] {
+        assert!(!a.companion_dir(Path::new(d)), "{d:?} should not be a companion directory");
+    }
+    for d in ["crate", "crate/src", "src", "src/middleware", "target"] {
+        assert!(a.implies_dir(Path::new(d)), "{d:?} should be implied");
+    }
+    for d in ["", "crate/src/x", "src/auth", "docs/x"] {
+        assert!(!a.implies_dir(Path::new(d)), "{d:?} should not be implied");
+    }
 }
