@@ -118,8 +118,60 @@ fn run_as(spec: &str) -> anyhow::Result<RunAs> {
     })
 }
 
-/// The signals `run` passes on to CMD when they are sent to `run` itself.
-const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+/// The signals `run` passes on to CMD when they are sent to `run` itself (SIGWINCH: the
+/// terminal's new size, for CMD's pseudo-terminal).
+const FORWARDED: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGWINCH];
+
+/// How CMD meets the operator's terminal.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tty {
+    /// As any child: same session, same terminal (CMD runs as the operator's own uid).
+    Shared,
+    /// A session of its own, without a controlling terminal (`--user`, output not to a
+    /// terminal): it cannot push input into the operator's terminal (`TIOCSTI` needs it to
+    /// be the controlling terminal).
+    Detached,
+    /// A pseudo-terminal of its own, relayed by `run` (`--user` on a terminal): CMD is
+    /// interactive, and never holds the operator's terminal — not to inject keystrokes
+    /// into it, nor to read what is typed there after it returns.
+    Pty,
+}
+
+fn isatty(fd: i32) -> bool {
+    // SAFETY: isatty has no memory preconditions.
+    unsafe { libc::isatty(fd) == 1 }
+}
+
+/// The terminal size of `fd`, if it is a terminal.
+fn winsize(fd: i32) -> Option<libc::winsize> {
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ writes a winsize into `ws`.
+    (unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws) } == 0).then_some(ws)
+}
+
+/// Puts the operator's terminal in raw mode for a pseudo-terminal relay, and back when
+/// dropped.
+struct RawMode(Option<nix::sys::termios::Termios>);
+
+impl RawMode {
+    fn enter() -> RawMode {
+        use nix::sys::termios::{cfmakeraw, tcgetattr, tcsetattr, SetArg};
+        let stdin = std::io::stdin();
+        let Ok(saved) = tcgetattr(&stdin) else { return RawMode(None) };
+        let mut raw = saved.clone();
+        cfmakeraw(&mut raw);
+        let _ = tcsetattr(&stdin, SetArg::TCSANOW, &raw);
+        RawMode(Some(saved))
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        if let Some(t) = &self.0 {
+            let _ = nix::sys::termios::tcsetattr(std::io::stdin(), nix::sys::termios::SetArg::TCSANOW, t);
+        }
+    }
+}
 
 fn forwarded_set() -> libc::sigset_t {
     // SAFETY: sigset operations on a local, initialised set.
@@ -170,6 +222,55 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
     let mut cmd = std::process::Command::new(&a.cmd[0]);
     cmd.args(&a.cmd[1..]);
+    let tty = match &user {
+        None => Tty::Shared,
+        Some(_) if !a.verify && (isatty(0) || isatty(1) || isatty(2)) => Tty::Pty,
+        Some(_) => Tty::Detached,
+    };
+    let mut master = None;
+    let mut master_winsize: Option<std::fs::File> = None;
+    if tty == Tty::Pty {
+        let size = winsize(0).or_else(|| winsize(1));
+        let term = nix::sys::termios::tcgetattr(std::io::stdin()).ok();
+        let pty = nix::pty::openpty(size.as_ref(), term.as_ref()).context("opening a pseudo-terminal")?;
+        for fd in [&pty.master, &pty.slave] {
+            // Neither end leaks into CMD but as its standard streams.
+            nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))?;
+        }
+        // Each standard stream that is the operator's terminal becomes CMD's own terminal;
+        // a pipe or a file stays as it is.
+        let slave = || pty.slave.try_clone().map(std::process::Stdio::from);
+        if isatty(0) {
+            cmd.stdin(slave()?);
+        }
+        if isatty(1) {
+            cmd.stdout(slave()?);
+        }
+        if isatty(2) {
+            cmd.stderr(slave()?);
+        }
+        master = Some((pty.master, pty.slave));
+    }
+    if tty != Tty::Shared {
+        // SAFETY: runs in the child between fork and exec: setsid and (on a pty, already
+        // its standard input) TIOCSCTTY, async-signal-safe syscalls.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if tty == Tty::Pty {
+                    // The pty is on fd 1 or 2 when not on 0: make it the controlling terminal
+                    // through whichever standard fd is one.
+                    let fd = (0..3).find(|fd| libc::isatty(*fd) == 1).unwrap_or(0);
+                    if libc::ioctl(fd, libc::TIOCSCTTY, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+    }
     if let Some(u) = &user {
         cmd.env("HOME", &u.home)
             .env("USER", &u.name)
@@ -207,23 +308,55 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let captured = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
     let mut pumps = Vec::new();
+    let mut raw = None;
+    let mut pty_pump = None;
+    if let Some((m, slave)) = master.take() {
+        // The relay: what the operator types goes to CMD's terminal, what CMD writes comes
+        // back (CMD's terminal joins its stdout and stderr).
+        drop(slave);
+        raw = isatty(0).then(RawMode::enter);
+        let m = std::fs::File::from(m);
+        let (m_in, m_win) = (m.try_clone()?, m.try_clone()?);
+        if isatty(0) {
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut std::io::stdin(), &mut &m_in);
+            });
+        }
+        pty_pump = Some(pump(m, std::io::stdout(), captured.clone()));
+        master_winsize = Some(m_win);
+    }
     if let Some(out) = child.stdout.take() {
         pumps.push(pump(out, std::io::stdout(), captured.clone()));
     }
     if let Some(err) = child.stderr.take() {
         pumps.push(pump(err, std::io::stderr(), captured.clone()));
     }
-    // CMD is in our process group: a signal from the terminal reaches it directly. One
-    // sent to this process alone (kill from a supervisor) is passed on.
+    // Sharing our terminal, CMD gets the terminal's signals itself: only one sent to this
+    // process alone (kill from a supervisor) is passed on. In a session of its own, every
+    // one is; a new terminal size goes to its pseudo-terminal.
     let pid = child.id() as i32;
-    std::thread::spawn(move || loop {
-        // SAFETY: a zeroed siginfo is a valid out-parameter; `set` is initialised.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let sig = unsafe { libc::sigwaitinfo(&set, &mut info) };
-        if sig > 0 && matches!(info.si_code, libc::SI_USER | libc::SI_QUEUE) {
-            // SAFETY: kill has no memory preconditions.
-            unsafe { libc::kill(pid, sig) };
+    let win_fd = master_winsize.as_ref().map(|f| std::os::fd::AsRawFd::as_raw_fd(f));
+    std::thread::spawn(move || {
+        let _keep = master_winsize;
+        loop {
+            // SAFETY: a zeroed siginfo is a valid out-parameter; `set` is initialised.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            let sig = unsafe { libc::sigwaitinfo(&set, &mut info) };
+            if sig <= 0 {
+                continue;
+            }
+            if sig == libc::SIGWINCH {
+                if let (Some(fd), Some(ws)) = (win_fd, winsize(0).or_else(|| winsize(1))) {
+                    // SAFETY: TIOCSWINSZ reads a winsize; `fd` is the pty master kept open.
+                    unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, &ws) };
+                }
+                continue;
+            }
+            if tty != Tty::Shared || matches!(info.si_code, libc::SI_USER | libc::SI_QUEUE) {
+                // SAFETY: kill has no memory preconditions.
+                unsafe { libc::kill(pid, sig) };
+            }
         }
     });
     let status = child.wait()?;
@@ -234,6 +367,15 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     for p in pumps {
         let _ = p.join();
     }
+    if let Some(p) = pty_pump {
+        // Until CMD's terminal is closed by its last process, or briefly: a daemon it left
+        // holding the terminal loses it when this process exits (the pty hangs up).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(300);
+        while !p.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    drop(raw);
     if a.verify && !status.success() {
         let output =
             String::from_utf8_lossy(&captured.lock().map(|b| b.clone()).unwrap_or_default())

@@ -11,6 +11,7 @@
 pub mod approve;
 mod closer;
 pub mod error;
+mod gitrefs;
 pub mod hash;
 pub mod inode;
 mod lesson;
@@ -124,6 +125,8 @@ pub struct FileHandle {
     pub token: String,
     /// Its `CREATE` or `WRITE_BEGIN` is on record.
     pub begun: AtomicBool,
+    /// A rebase todo list: every write is checked not to add commands to run.
+    pub todo: bool,
 }
 
 /// An open control file: its rendered content, and what was written to it.
@@ -672,6 +675,17 @@ impl Fs {
         for rel in &rels {
             self.authorize_as(&ident, caller, op, rel, node.is_dir())?;
         }
+        // A name that decides what git runs, in a directory laid out as a git directory.
+        for (parent, name) in node.aliases() {
+            let Some(p) = self.table.get(parent) else { continue };
+            let special = gitrefs::special_name(&name)
+                || p.aliases().iter().any(|(_, n)| n == "hooks" || n == "worktrees" || n == "info");
+            if special {
+                if let (Ok(pfd), Ok(prel)) = (self.fd(&p), self.dir_rel(&p)) {
+                    self.check_git_layout(&ident, caller, op, pfd.as_fd(), &prel, &name)?;
+                }
+            }
+        }
         if node.is_reg() {
             let fd = self.fd(node)?;
             let st = sys::stat_fd(fd.as_fd())?;
@@ -722,6 +736,19 @@ impl Fs {
         let Some(name) = crate::policy::git::ref_name(rel) else {
             return Ok(());
         };
+        self.record_ref_named(ident, caller, rel, &name, old, new)
+    }
+
+    /// [`Fs::record_ref`] of ref `name`, changed through the file `rel`.
+    pub(crate) fn record_ref_named(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        rel: &Path,
+        name: &str,
+        old: Option<String>,
+        new: Option<String>,
+    ) -> Result<()> {
         let Some(l) = &self.ledger else { return Ok(()) };
         if old == new {
             return Ok(());

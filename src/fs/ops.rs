@@ -327,9 +327,10 @@ impl Fs {
         let p = self.node(parent)?;
         let rel = self.child_rel(&p, name)?;
         let ident = self.authorize(caller, op, &rel, is_dir)?;
-        let pfd = self.fd(&p)?;
-        self.watch_dir_fd(&p, pfd.as_fd());
         let temp = super::temps::NEW_TEMP.with(|t| t.replace(false));
+        let pfd = self.fd(&p)?;
+        self.check_git_layout(&ident, caller, op, pfd.as_fd(), rel.parent().unwrap_or(Path::new("")), name)?;
+        self.watch_dir_fd(&p, pfd.as_fd());
         {
             let _cred = sys::FsCred::switch(caller.uid, caller.gid);
             make(pfd.as_fd())?;
@@ -454,6 +455,7 @@ impl Fs {
         self.authorize_as(&ident, caller, "link", &rel, false)?;
         let fd = self.fd(&node)?;
         let npfd = self.fd(&np)?;
+        self.check_git_layout(&ident, caller, "link", npfd.as_fd(), rel.parent().unwrap_or(Path::new("")), newname)?;
         self.watch_dir_fd(&np, npfd.as_fd());
         sys::link_fd(self.proc_fd.as_fd(), fd.as_fd(), npfd.as_fd(), newname)?;
         let st = sys::stat_fd(fd.as_fd())?;
@@ -504,8 +506,11 @@ impl Fs {
         if !is_dir {
             self.check_stale_at(&ident, caller, "unlink", &rel, pfd.as_fd(), name)?;
         }
-        let old_ref =
-            crate::policy::git::ref_name(&rel).and_then(|_| sys::read_ref_at(pfd.as_fd(), name));
+        let old_ref = crate::policy::git::ref_name(&rel).and_then(|r| {
+            let v = sys::read_ref_at(pfd.as_fd(), name)?;
+            // `git pack-refs` removes loose refs it packed: the ref did not move.
+            (self.packed_value(&rel, &r).as_deref() != Some(v.as_str())).then_some(v)
+        });
         sys::unlink_at(pfd.as_fd(), name, is_dir)?;
         self.temps.remove(&rel);
         if old_ref.is_some() {
@@ -716,6 +721,16 @@ impl Fs {
         if !to_temp {
             self.authorize_as(&ident, caller, "rename", &to, src_dir)?;
         }
+        self.check_git_layout(&ident, caller, "rename", npfd.as_fd(), to.parent().unwrap_or(Path::new("")), newname)?;
+        if super::gitrefs::is_rebase_todo(&to) && !src_dir {
+            let text = sys::openat_mode(pfd.as_fd(), name, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC, 0)
+                .ok()
+                .and_then(|fd| super::hash::read_small(&std::fs::File::from(fd), 16 << 20))
+                .unwrap_or_default();
+            if super::gitrefs::todo_runs_commands(&text) {
+                return Err(self.todo_denial(&ident, caller, &to));
+            }
+        }
         if src_dir {
             // Hold a counted reference while walking, released right after.
             let fd = sys::open_path(pfd.as_fd(), name)?;
@@ -777,15 +792,36 @@ impl Fs {
             }
             _ => None,
         };
-        let moved_ref = crate::policy::git::ref_name(&to).map(|_| {
+        let moved_ref = crate::policy::git::ref_name(&to).map(|r| {
             (
+                r,
                 sys::read_ref_at(npfd.as_fd(), newname),
                 sys::read_ref_at(pfd.as_fd(), name),
             )
         });
+        // A ref moving (or `packed-refs` rewritten) brings only commits within the scope.
+        if let Some((r, _, new)) = &moved_ref {
+            self.check_ref_move(&ident, caller, &to, r, new.as_deref())?;
+        }
+        let packed = (to == Path::new(".git/packed-refs") && !src_dir).then(|| {
+            let text = |dir, n| {
+                sys::openat_mode(dir, n, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC, 0)
+                    .ok()
+                    .and_then(|fd| super::hash::read_small(&std::fs::File::from(fd), 64 << 20))
+                    .map(|b| String::from_utf8_lossy(&b).into_owned())
+                    .unwrap_or_default()
+            };
+            super::gitrefs::packed_changes(&text(npfd.as_fd(), newname), &text(pfd.as_fd(), name))
+        });
+        for (r, _, new) in packed.iter().flatten() {
+            self.check_ref_move(&ident, caller, &to, r, new.as_deref())?;
+        }
         sys::rename_at(pfd.as_fd(), name, npfd.as_fd(), newname, flags)?;
-        if let Some((old, new)) = moved_ref {
+        if let Some((_, old, new)) = moved_ref {
             self.record_ref(&ident, caller, &to, old, new)?;
+        }
+        for (r, old, new) in packed.into_iter().flatten() {
+            self.record_ref_named(&ident, caller, &to, &r, old, new)?;
         }
         match (from_temp, to_temp) {
             (true, true) => self.temps.rename(&from, &to),
@@ -799,7 +835,7 @@ impl Fs {
         if exchange {
             ident.swap_paths(&from, &to);
         } else {
-            ident.move_path(&from, &to);
+            ident.move_path(&from, &to, src_dir);
         }
         if let Some(n) = self.table.by_backing(src.st_dev, src.st_ino) {
             self.table
@@ -822,6 +858,25 @@ impl Fs {
                 Some(crate::ledger::sha256_bytes(new)),
                 Some(crate::ledger::sha256_bytes(old)),
             ),
+            // A regular file's content is on record under its new name too: it may come
+            // from where nothing is ledgered file by file (written under `.git/`, as a
+            // temporary) and the entry is then its only record (the hash cache knows it
+            // when it was written or read through the mount).
+            None if !src_dir
+                && src.st_mode & libc::S_IFMT == libc::S_IFREG
+                && !super::stale::untracked(&to)
+                && self.guard.rules().policy.output_match(&to).is_none() =>
+            {
+                let h = sys::openat_mode(
+                    npfd.as_fd(),
+                    newname,
+                    libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+                    0,
+                )
+                .ok()
+                .and_then(|fd| self.hashes.hash(&std::fs::File::from(fd)).ok());
+                (None, h.map(|(h, _)| super::hash::to_string(&h)), None)
+            }
             None => (None, None, None),
         };
         let draft = Draft {
@@ -874,6 +929,14 @@ impl Fs {
         let ident = if writable {
             _stale = self.table.stale_locks(&[(node.dev, node.ino)]);
             let (ident, rels) = self.authorize_node_names(caller, "open-write", &node)?;
+            // A read-write handle reads too: a secret in scope still needs its approval.
+            if acc == libc::O_RDWR {
+                for rel in &rels {
+                    if let Err(d) = self.guard.check_read(ident.intent().as_deref(), rel) {
+                        self.sensitive_read(&ident, caller, rel, d)?;
+                    }
+                }
+            }
             let fd = self.fd(&node)?;
             self.check_stale_node(&ident, caller, "open-write", &node, &rels, fd.as_fd())?;
             write_rel = Some(rels[0].clone());
@@ -957,6 +1020,7 @@ impl Fs {
             disturbed: AtomicBool::new(false),
             token,
             begun: AtomicBool::new(truncates),
+            todo: write_rel.as_deref().is_some_and(super::gitrefs::is_rebase_todo),
         };
         let mut keep_cache = false;
         let mut passthrough = false;
@@ -1083,10 +1147,11 @@ impl Fs {
         let p = self.node(parent)?;
         let rel = self.child_rel(&p, name)?;
         let ident = self.authorize(caller, "create", &rel, false)?;
+        let temp = super::temps::NEW_TEMP.with(|t| t.replace(false));
         let ident_intent = ident.intent();
         let pfd = self.fd(&p)?;
+        self.check_git_layout(&ident, caller, "create", pfd.as_fd(), rel.parent().unwrap_or(Path::new("")), name)?;
         self.watch_dir_fd(&p, pfd.as_fd());
-        let temp = super::temps::NEW_TEMP.with(|t| t.replace(false));
         // A temporary is always a new file: never open an existing one as one.
         let flags = if temp { flags | libc::O_EXCL } else { flags };
         let file = {
@@ -1136,6 +1201,7 @@ impl Fs {
             disturbed: AtomicBool::new(false),
             token,
             begun: AtomicBool::new(true),
+            todo: super::gitrefs::is_rebase_todo(&rel),
         };
         self.prepare_write_handle(&h, &rel);
         let h = Arc::new(h);
@@ -1246,6 +1312,9 @@ impl Fs {
         // write (see `InodeTable::stale_locks`).
         let _stale = self.table.stale_locks(&[(h.node.dev, h.node.ino)]);
         self.before_modify(&h)?;
+        if h.todo {
+            self.check_todo_write(&h, offset, data)?;
+        }
         let undisturbed = !h.disturbed.swap(false, Ordering::AcqRel);
         let r = h.file.write_all_at(data, offset);
         if kill_suidgid && r.is_ok() {
@@ -1401,6 +1470,10 @@ impl Fs {
         let ho = self.file_handle(fh_out)?;
         if !ho.writable {
             return err(libc::EBADF);
+        }
+        if ho.todo {
+            // Writes to a rebase todo list are checked as text: let the tool write it.
+            return err(libc::EXDEV);
         }
         let _stale = self.table.stale_locks(&[(ho.node.dev, ho.node.ino)]);
         self.before_modify(&ho)?;

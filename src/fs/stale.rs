@@ -527,6 +527,13 @@ impl Fs {
     /// the identity switched intent or the policy reloaded since the handle was opened,
     /// refuse if someone else wrote in between, and take the pre-image at the first change.
     pub(crate) fn before_modify(&self, h: &FileHandle) -> Result<()> {
+        // A tripped breaker stops writes through handles opened before it tripped too.
+        if h.identity.tripped.load(Ordering::Acquire) {
+            return self
+                .authorize_node(&h.caller, "write", &h.node)
+                .map(drop)
+                .and(Err(FsError::Os(libc::EACCES)));
+        }
         let now = (h.identity.intent(), self.guard.generation());
         if *h.epoch.lock() != now {
             match self.authorize_node(&h.caller, "write", &h.node) {

@@ -256,11 +256,25 @@ impl Identity {
         self.seen.lock().remove(rel);
     }
 
-    pub fn move_path(&self, from: &Path, to: &Path) {
+    /// A path moved (this identity's own rename): its views move with it, and a
+    /// directory's views of everything below it too (else a file renamed with its
+    /// directory would have no view, and a change made behind the agent's back would no
+    /// longer be stale).
+    pub fn move_path(&self, from: &Path, to: &Path, is_dir: bool) {
         let mut m = self.seen.lock();
-        m.remove(to);
-        if let Some(s) = m.remove(from) {
-            m.insert(to.to_path_buf(), s);
+        if !is_dir {
+            m.remove(to);
+            if let Some(s) = m.remove(from) {
+                m.insert(to.to_path_buf(), s);
+            }
+            return;
+        }
+        m.retain(|k, _| !k.starts_with(to));
+        let moved: Vec<PathBuf> = m.keys().filter(|k| k.starts_with(from)).cloned().collect();
+        for k in moved {
+            if let Some(s) = m.remove(&k) {
+                m.insert(rebase(&k, from, to), s);
+            }
         }
     }
 
@@ -276,16 +290,25 @@ impl Identity {
         );
     }
 
-    /// Exchange what was seen under two paths (RENAME_EXCHANGE).
+    /// Exchange what was seen under two paths (RENAME_EXCHANGE), and below them.
     pub fn swap_paths(&self, a: &Path, b: &Path) {
         let mut m = self.seen.lock();
-        let sa = m.remove(a);
-        let sb = m.remove(b);
-        if let Some(s) = sa {
-            m.insert(b.to_path_buf(), s);
-        }
-        if let Some(s) = sb {
-            m.insert(a.to_path_buf(), s);
+        let keys: Vec<PathBuf> = m
+            .keys()
+            .filter(|k| k.starts_with(a) || k.starts_with(b))
+            .cloned()
+            .collect();
+        let entries: Vec<(PathBuf, SeenBy)> = keys
+            .into_iter()
+            .filter_map(|k| m.remove(&k).map(|v| (k, v)))
+            .collect();
+        for (k, v) in entries {
+            let nk = if k.starts_with(a) {
+                rebase(&k, a, b)
+            } else {
+                rebase(&k, b, a)
+            };
+            m.insert(nk, v);
         }
     }
 
@@ -305,6 +328,14 @@ impl Identity {
             self.stale_refusals.fetch_add(1, Ordering::Relaxed);
         }
         *self.last_error.lock() = Some(d.clone());
+    }
+}
+
+/// `k` (at or below `from`) as the same place below `to`.
+fn rebase(k: &Path, from: &Path, to: &Path) -> PathBuf {
+    match k.strip_prefix(from) {
+        Ok(rest) if !rest.as_os_str().is_empty() => to.join(rest),
+        _ => to.to_path_buf(),
     }
 }
 

@@ -30,8 +30,18 @@ use super::identity::{read_proc, Identity, Intents};
 
 /// Most pids cached at once; past this the cache starts afresh (each entry holds a pidfd).
 const CACHE_MAX: usize = 16_384;
-/// Longest ancestry walked for one request.
-const MAX_ANCESTRY: usize = 1_024;
+/// The longest ancestry there can be: no more processes than pids (`pid_max`; the kernel's
+/// ceiling when it cannot be read). A chain is walked to its end, however deep an agent
+/// nests its processes: stopping early would make the deepest the default identity.
+fn max_ancestry() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/pid_max")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(4_194_304)
+    })
+}
 
 /// How a granted identity's members are recognised.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -398,20 +408,25 @@ impl Identities {
             })
             .collect();
         if !anchors.is_empty() {
-            let mut p = pid;
-            for _ in 0..MAX_ANCESTRY {
-                if p <= 1 {
-                    break;
-                }
-                let Some((ppid, start)) = proc_parent(p) else {
-                    break;
-                };
-                if let Some((s, ident)) = anchors.get(&p) {
-                    if *s == start {
-                        return (*ident).clone();
+            // A process of the chain that exits while it is walked breaks it; its children
+            // are re-parented (to the anchor, a subreaper), so walking again finds them.
+            'walk: for _ in 0..3 {
+                let mut p = pid;
+                for _ in 0..max_ancestry() {
+                    if p <= 1 {
+                        break 'walk;
                     }
+                    let Some((ppid, start)) = proc_parent(p) else {
+                        continue 'walk;
+                    };
+                    if let Some((s, ident)) = anchors.get(&p) {
+                        if *s == start {
+                            return (*ident).clone();
+                        }
+                    }
+                    p = ppid;
                 }
-                p = ppid;
+                break;
             }
         }
         self.default.clone()

@@ -117,9 +117,21 @@ fn replay(entries: &[(u64, Entry)]) -> (HashMap<PathBuf, FileAttr>, Vec<Change>)
                 // `os.replace`) is an edit of the file it replaced: that file's attribution
                 // stays for the lines it did not change.
                 let replaced = e.ranges.as_ref().and_then(|_| files.get(&path).cloned());
+                let mut known_source = false;
                 if let Some(from) = e.from_buf() {
+                    known_source = files.contains_key(&from);
                     remove_tree(&mut files, &path);
                     rekey(&mut files, &from, &path);
+                }
+                // Content whose writes were not ledgered line by line (written under
+                // `.git/`, say) arrives here whole: the rename is its change.
+                if !known_source && replaced.is_none() && e.content_hash.is_some() {
+                    let idx = changes.len();
+                    changes.push(change_of(e));
+                    let attr = files.entry(path.clone()).or_default();
+                    *attr = FileAttr::default();
+                    attr.versions.push(idx);
+                    attr.unranged = Some(idx);
                 }
                 if let (Some(mut attr), Some(ranges)) = (replaced, &e.ranges) {
                     let idx = changes.len();

@@ -436,6 +436,11 @@ fn unfinished_writes(entries: &[(u64, Entry)]) -> HashMap<PathBuf, UnfinishedWri
     };
     let mut open: HashMap<String, (PathBuf, UnfinishedWrite)> = HashMap::new();
     for (line, e) in entries {
+        // A clean unmount closed every handle: one that wrote has its WRITE before it.
+        if e.mutation_type == MutationType::Unmount {
+            open.clear();
+            continue;
+        }
         let Some(t) = handle(e) else { continue };
         match e.mutation_type {
             MutationType::Create | MutationType::WriteBegin => {
@@ -657,6 +662,20 @@ pub fn verify_drift(ledger_path: &Path, workspace: &Path) -> io::Result<Vec<Drif
             Err(_) => "missing".into(),
         };
         if u.before.as_deref() == Some(actual.as_str()) {
+            continue;
+        }
+        if actual == "missing" {
+            // Gone: removed outside the mount (a crashed handle leaves its file behind).
+            out.push(Drift {
+                path: path.to_string_lossy().into_owned(),
+                path_buf: path,
+                line: u.line,
+                entry_id: u.entry_id.clone(),
+                kind: DriftKind::Missing {
+                    recorded: u.before.clone().unwrap_or_else(|| "(unknown)".into()),
+                },
+                unfinished_write: None,
+            });
             continue;
         }
         out.push(Drift {

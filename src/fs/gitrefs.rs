@@ -1,0 +1,328 @@
+//! What an agent's commits contain. Git's internals stay writable so agents can commit, but
+//! a commit can carry any tree: an agent could stage a blob for a file outside its scope
+//! (`git update-index --cacheinfo`) and commit it, and the human's next `git checkout` or
+//! `git reset --hard` would write it. So when a ref of the workspace's repository moves
+//! through the mount (a loose ref renamed into place, or `packed-refs` rewritten), the
+//! commits it brings that no ref had before are checked: every path such a commit changes
+//! (against its parent; for a merge, what differs from every parent) must be in the
+//! identity's scope, or the ref update is refused. Remote-tracking refs (`refs/remotes/`)
+//! are what a fetch brought, not the agent's commits, and are not checked.
+//!
+//! The daemon reads the repository with `git` itself, as the mount's owner, reading only:
+//! no configuration but the repository's own (which agents cannot write), no hooks, no
+//! fsmonitor, no pager.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::{Caller, Fs, Result};
+use crate::guard::{Code, Denial, Identity};
+
+/// `git --git-dir=GITDIR ARGS`, reading only; its stdout, or `None` when git cannot say.
+fn git(gitdir: &Path, args: &[&str]) -> Option<String> {
+    let out = Command::new("git")
+        .arg("--git-dir")
+        .arg(gitdir)
+        .args(["-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null"])
+        .args(["-c", "core.pager=cat", "-c", "safe.directory=*"])
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", "/nonexistent")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_OPTIONAL_LOCKS", "0")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// An object id (SHA-1 or SHA-256, hex).
+fn is_oid(s: &str) -> bool {
+    (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The refs of a `packed-refs` text: name -> object id (peeled `^` lines skipped).
+pub fn parse_packed(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.starts_with('^'))
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(oid, _)| is_oid(oid))
+        .map(|(oid, name)| (name.trim().to_string(), oid.to_string()))
+        .collect()
+}
+
+/// The refs whose value differs between two `packed-refs` texts: (ref, old, new).
+pub fn packed_changes(old: &str, new: &str) -> Vec<(String, Option<String>, Option<String>)> {
+    let (a, b) = (parse_packed(old), parse_packed(new));
+    let mut out = Vec::new();
+    for (name, v) in &a {
+        if b.get(name) != Some(v) {
+            out.push((name.clone(), Some(v.clone()), b.get(name).cloned()));
+        }
+    }
+    for (name, v) in &b {
+        if !a.contains_key(name) {
+            out.push((name.clone(), None, Some(v.clone())));
+        }
+    }
+    out
+}
+
+impl Fs {
+    /// The workspace repository's git directory, when `rel` is in it (not a nested one).
+    pub(crate) fn root_gitdir(&self, rel: &Path) -> Option<PathBuf> {
+        rel.starts_with(".git").then(|| self.cfg.workspace.join(".git"))
+    }
+
+    /// The value `packed-refs` of the repository holding `rel` gives ref `name`.
+    pub(crate) fn packed_value(&self, rel: &Path, name: &str) -> Option<String> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let gitdir = self.root_gitdir(rel)?;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(gitdir.join("packed-refs"))
+            .ok()?;
+        let bytes = super::hash::read_small(&f, 64 << 20)?;
+        parse_packed(&String::from_utf8_lossy(&bytes)).remove(name)
+    }
+
+    /// Refuse a ref of the workspace's repository moving to `new` when a commit it brings
+    /// changes a path outside `ident`'s scope (see the module doc).
+    pub(crate) fn check_ref_move(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        rel: &Path,
+        refname: &str,
+        new: Option<&str>,
+    ) -> Result<usize> {
+        let (Some(gitdir), Some(new)) = (self.root_gitdir(rel), new) else {
+            return Ok(0);
+        };
+        if refname.starts_with("refs/remotes/") || !is_oid(new) {
+            return Ok(0);
+        }
+        let Some(list) = git(&gitdir, &["rev-list", new, "--not", "--all"]) else {
+            tracing::warn!("git rev-list {new}: git could not read the repository; commit not checked");
+            return Ok(0);
+        };
+        let commits: Vec<&str> = list.lines().filter(|l| is_oid(l)).collect();
+        let intent = ident.intent();
+        for c in &commits {
+            let parents = git(&gitdir, &["rev-list", "--parents", "-n", "1", c]).unwrap_or_default();
+            let merge = parents.split_whitespace().count() > 2;
+            let args: Vec<&str> = if merge {
+                vec!["diff-tree", "-r", "--no-commit-id", "--name-only", "-z", "--cc", c]
+            } else {
+                vec!["diff-tree", "-r", "--no-commit-id", "--name-only", "-z", "--root", c]
+            };
+            let Some(paths) = git(&gitdir, &args) else { continue };
+            for p in paths.split('\0').filter(|p| !p.is_empty() && !is_oid(p)) {
+                let path = Path::new(p);
+                if let Err(d) = self.guard.check_write(intent.as_deref(), "commit", path, false) {
+                    if self.temps.covers(&ident.key, path) {
+                        continue;
+                    }
+                    let short = &c[..12.min(c.len())];
+                    let denial = Denial::new(
+                        if d.code == Code::NoIntent { Code::NoIntent } else { Code::ScopeViolation },
+                        "commit",
+                        rel,
+                        intent.as_deref(),
+                        format!(
+                            "{refname} cannot move to {short}: that commit changes {p}, which {}",
+                            d.message.trim_start_matches(p).trim_start()
+                        ),
+                        format!(
+                            "Commit only files inside your scope: `git reset --soft HEAD~1`, unstage {p} \
+                             (`git restore --staged {p}`), and commit again. {}",
+                            d.remedy
+                        ),
+                    )
+                    .with_rule(d.rule);
+                    return Err(self.deny(ident, caller, denial));
+                }
+            }
+        }
+        Ok(commits.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_refs_changes_are_found() {
+        let a = "# pack-refs with: peeled fully-peeled sorted\n\
+                 1111111111111111111111111111111111111111 refs/heads/main\n\
+                 2222222222222222222222222222222222222222 refs/tags/v1\n\
+                 ^3333333333333333333333333333333333333333\n";
+        let b = "# pack-refs with: peeled fully-peeled sorted\n\
+                 4444444444444444444444444444444444444444 refs/heads/main\n\
+                 5555555555555555555555555555555555555555 refs/heads/new\n";
+        let mut c = packed_changes(a, b);
+        c.sort();
+        assert_eq!(
+            c,
+            vec![
+                ("refs/heads/main".into(), Some("1".repeat(40)), Some("4".repeat(40))),
+                ("refs/heads/new".into(), None, Some("5".repeat(40))),
+                ("refs/tags/v1".into(), Some("2".repeat(40)), None),
+            ]
+        );
+    }
+}
+
+/// Does a rebase todo list run commands (`exec`/`x` lines)? A human's `git rebase
+/// --continue` would run them.
+pub fn todo_runs_commands(text: &[u8]) -> bool {
+    String::from_utf8_lossy(text).lines().any(|l| {
+        let l = l.trim_start();
+        let cmd = l.split_whitespace().next().unwrap_or("");
+        matches!(cmd, "exec" | "x")
+    })
+}
+
+/// Is `rel` a rebase todo list (`rebase-merge/git-rebase-todo`, its lock or backup) in a
+/// git directory?
+pub fn is_rebase_todo(rel: &Path) -> bool {
+    crate::policy::git::in_git_dir(rel)
+        && rel
+            .parent()
+            .and_then(|p| p.file_name())
+            .is_some_and(|n| n == "rebase-merge")
+        && rel
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("git-rebase-todo"))
+}
+
+/// Names that complete a bare repository's layout (`HEAD`, `objects/`, `refs/`): with all
+/// three, git takes any directory for a git directory and reads its `config`.
+const GITDIR_MARKS: [&str; 3] = ["HEAD", "objects", "refs"];
+
+/// Names in a git directory that decide what git runs (see `policy::git`).
+fn exec_name(name: &str) -> bool {
+    name.starts_with("config") || matches!(name, "commondir" | "gitdir" | "hooks" | "worktrees")
+}
+
+/// Whether `check_git_layout` has anything to check for this name (a cheap filter for
+/// changes of existing files).
+pub(crate) fn special_name(name: &std::ffi::OsStr) -> bool {
+    name.to_str()
+        .is_some_and(|n| GITDIR_MARKS.contains(&n) || exec_name(n) || n.starts_with("attributes"))
+}
+
+/// Does the directory behind `dir` look like a git directory to git (`HEAD`, `objects`,
+/// `refs` all there)?
+fn git_dir_like(dir: std::os::fd::BorrowedFd<'_>) -> bool {
+    GITDIR_MARKS
+        .iter()
+        .all(|m| super::sys::stat_at(dir, std::ffi::OsStr::new(m)).is_ok())
+}
+
+impl Fs {
+    /// Refuse an entry `name` made, renamed in, or changed in the directory `dir` (at
+    /// `dir_rel`) when it would make that directory a git directory (the last of `HEAD`,
+    /// `objects/`, `refs/`), or when the directory already is one outside any `.git` and
+    /// `name` is what decides what git runs there (`config*`, `hooks/`, `commondir`, …, and
+    /// `info/attributes`, `hooks/*` one level down). A bare repository made in scope would
+    /// otherwise be a way to run code as whoever runs git there next.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn check_git_layout(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        op: &str,
+        dir: std::os::fd::BorrowedFd<'_>,
+        dir_rel: &Path,
+        name: &std::ffi::OsStr,
+    ) -> Result<()> {
+        let rel = dir_rel.join(name);
+        if crate::policy::git::in_git_dir(&rel) {
+            return Ok(());
+        }
+        let Some(n) = name.to_str() else { return Ok(()) };
+        let why = if GITDIR_MARKS.contains(&n) {
+            let others = GITDIR_MARKS
+                .iter()
+                .filter(|m| **m != n)
+                .all(|m| super::sys::stat_at(dir, std::ffi::OsStr::new(m)).is_ok());
+            others.then(|| format!("{} would hold HEAD, objects/ and refs/: git takes it for a git directory", show_dir(dir_rel)))
+        } else if exec_name(n) && git_dir_like(dir) {
+            Some(format!("{} is laid out as a git directory, and git reads {n} there", show_dir(dir_rel)))
+        } else {
+            let parent = dir_rel.file_name().and_then(|p| p.to_str()).unwrap_or("");
+            let down = matches!(parent, "hooks" | "worktrees") || (parent == "info" && n.starts_with("attributes"));
+            (down
+                && super::sys::open_path(dir, std::ffi::OsStr::new(".."))
+                    .is_ok_and(|up| git_dir_like(std::os::fd::AsFd::as_fd(&up))))
+            .then(|| format!("{} is in a directory laid out as a git directory", rel.display()))
+        };
+        let Some(why) = why else { return Ok(()) };
+        let d = Denial::new(
+            Code::ProtectedPath,
+            op,
+            &rel,
+            ident.intent().as_deref(),
+            format!("{} is protected: {why}, whose config and hooks decide what git runs", rel.display()),
+            "Do not build or change git directories outside .git: work in the repository as it is, and ask \
+             the human if the task needs another repository."
+                .into(),
+        )
+        .with_rule(Some("git: a directory laid out as a git directory (HEAD, objects/, refs/)".into()));
+        Err(self.deny(ident, caller, d))
+    }
+}
+
+impl Fs {
+    /// The refusal of a rebase todo list that runs commands.
+    pub(crate) fn todo_denial(&self, ident: &Identity, caller: &Caller, rel: &Path) -> super::FsError {
+        let d = Denial::new(
+            Code::ProtectedPath,
+            "write",
+            rel,
+            ident.intent().as_deref(),
+            format!(
+                "{} would run commands (`exec` lines): whoever continues the rebase (`git rebase --continue`) would run them",
+                rel.display()
+            ),
+            "Rebase without `exec`/`-x` steps; run the commands yourself between commits.".into(),
+        )
+        .with_rule(Some("git: a rebase todo list may not run commands".into()));
+        self.deny(ident, caller, d)
+    }
+
+    /// Before a write through a handle of a rebase todo list: refuse when the file, with
+    /// `data` written at `offset`, would run commands.
+    pub(crate) fn check_todo_write(&self, h: &super::FileHandle, offset: u64, data: &[u8]) -> Result<()> {
+        let mut text = super::hash::read_small(&h.file, 16 << 20).unwrap_or_default();
+        let end = offset as usize + data.len();
+        if text.len() < end {
+            text.resize(end, b' ');
+        }
+        text[offset as usize..end].copy_from_slice(data);
+        if todo_runs_commands(&text) {
+            let rel = self.display_rel(&h.node);
+            return Err(self.todo_denial(&h.identity, &h.caller, &rel));
+        }
+        Ok(())
+    }
+}
+
+fn show_dir(p: &Path) -> String {
+    if p.as_os_str().is_empty() {
+        "the workspace root".into()
+    } else {
+        p.display().to_string()
+    }
+}
