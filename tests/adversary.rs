@@ -993,3 +993,292 @@ fn without_cgroups_the_identity_follows_the_process_tree() {
     assert_eq!(w["agent"]["name"], "evil");
     assert!(w["agent"]["identity"].as_str().unwrap().starts_with("run:"));
 }
+
+// ----- routes found by an adversarial review of the above ---------------------------------
+
+/// Ancestry mode: a process chain deeper than any fixed bound is still the agent's.
+#[test]
+fn a_deep_process_chain_stays_in_its_identity_by_ancestry() {
+    let Some(l) = layout() else { return };
+    if skip_unless(have("cc"), "needs a C compiler") {
+        return;
+    }
+    let src = l.root.join("deep.c");
+    std::fs::write(
+        &src,
+        r#"#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int n = atoi(argv[1]);
+    while (n-- > 0) {
+        pid_t p = fork();
+        if (p < 0) return 1;
+        if (p > 0) { int st; waitpid(p, &st, 0); return WEXITSTATUS(st); }
+    }
+    execvp(argv[2], argv + 2);
+    return 127;
+}
+"#,
+    )
+    .unwrap();
+    let bin = l.root.join("deep");
+    ok(sh_in(&l.root, &format!("cc -O1 -o {} {}", bin.display(), src.display())), "cc");
+    chmod(&l.root, 0o755);
+    let _m = l.mount_env(MOUNT, &[("INTENTFS_NO_CGROUP", "1")]);
+    let out = run_agent(
+        &l,
+        &["--intent", "INT-001", "--agent", "evil"],
+        &format!(
+            "{} 1100 sh -c 'cut -f1 .intentfs/session; echo x >> docs/index.md; echo docs=$?; echo INT-002 > .intentfs/intent; echo switch=$?'",
+            bin.display()
+        ),
+    );
+    let m = markers(&out.stdout);
+    let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert!(text(&out.stdout).starts_with("run:"), "{ctx}");
+    assert_ne!(m["docs"], "0", "{ctx}");
+    assert_ne!(m["switch"], "0", "{ctx}");
+    assert_eq!(ws_text(&l, "docs/index.md"), "# Docs\n");
+    assert_eq!(l.status()["identities"][0]["intent"], "INT-002");
+}
+
+/// `run --user` on a terminal: the agent gets a terminal of its own, so `TIOCSTI` cannot
+/// push keystrokes into the operator's shell (which would run them as root after `run`).
+#[test]
+fn an_agent_cannot_type_into_the_operators_terminal() {
+    let Some(l) = layout() else { return };
+    if skip_unless(Path::new(PY).exists() && have("bash"), "needs /usr/bin/python3 and bash") {
+        return;
+    }
+    let _m = l.mount_env(MOUNT, &[]);
+    // The operator's terminal: a pty whose shell runs `intentfs run`, then reads what is
+    // typed at it next.
+    let driver = r#"
+import os, pty, sys
+mnt, binp = sys.argv[1], sys.argv[2]
+inject = "import fcntl, termios\nfor c in 'echo INJECTED\\n':\n    fcntl.ioctl(0, termios.TIOCSTI, c.encode())\n"
+pid, fd = pty.fork()
+if pid == 0:
+    os.chdir(mnt)
+    os.execvp('bash', ['bash', '-c', binp + ' run --user 1000 --intent INT-001 -- /usr/bin/python3 -c "$0"; read -t 2 x; echo "GOT[$x]"', inject])
+out = b''
+while True:
+    try:
+        d = os.read(fd, 1024)
+    except OSError:
+        break
+    if not d:
+        break
+    out += d
+os.waitpid(pid, 0)
+sys.stdout.write(out.decode(errors='replace'))
+"#;
+    let out = Command::new(PY)
+        .args(["-c", driver])
+        .arg(&l.mnt)
+        .arg(BIN)
+        .output()
+        .unwrap();
+    let said = text(&out.stdout);
+    assert!(said.contains("GOT["), "{said}{}", text(&out.stderr));
+    assert!(said.contains("GOT[]"), "keystrokes reached the operator's shell: {said}");
+}
+
+/// A bare repository laid out in scope (HEAD, objects/, refs/, config) would be a git
+/// directory to whoever runs git there: its last piece is refused; in one that exists,
+/// its config and hooks are.
+#[test]
+fn a_bare_repository_layout_is_not_an_execution_channel() {
+    let Some(l) = layout() else { return };
+    // A bare-like directory already there (made by a human).
+    for d in ["src/auth/mirror/objects", "src/auth/mirror/refs/heads", "src/auth/mirror/hooks"] {
+        std::fs::create_dir_all(l.ws.join(d)).unwrap();
+    }
+    std::fs::write(l.ws.join("src/auth/mirror/HEAD"), "ref: refs/heads/main\n").unwrap();
+    chown_r(&l.ws.join("src/auth"), AGENT_UID);
+    let _m = l.mount_env(MOUNT, &[]);
+    let marker = l.root.join("pwned-bare");
+    let cfg = format!("[core]\n\tbare = false\n\tfsmonitor = \"touch {}\"\n", marker.display());
+    let script = format!(
+        r#"
+        cd src/auth && mkdir -p fake/objects fake/refs/heads; echo dirs=$?
+        printf '{cfg}' > fake/config; echo cfg_first=$?
+        echo 'ref: refs/heads/main' > fake/HEAD; echo head=$?
+        printf '{cfg}' > mirror/config; echo mirror_config=$?
+        printf '#!/bin/sh\ntouch {m}\n' > mirror/hooks/post-checkout; echo mirror_hook=$?
+        "#,
+        m = marker.display()
+    );
+    let out = run_agent(&l, &["--intent", "INT-001", "--agent", "evil"], &script);
+    let m = markers(&out.stdout);
+    let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(m["dirs"], "0", "{ctx}");
+    assert_ne!(m["head"], "0", "the layout was completed: {ctx}");
+    assert_ne!(m["mirror_config"], "0", "{ctx}");
+    assert_ne!(m["mirror_hook"], "0", "{ctx}");
+    assert!(!l.ws.join("src/auth/fake/HEAD").exists());
+    assert!(!l.ws.join("src/auth/mirror/config").exists());
+    for d in ["src/auth/fake", "src/auth/mirror"] {
+        let _ = sh_in(&l.ws.join(d), "git -c safe.directory='*' status >/dev/null 2>&1");
+    }
+    assert!(!marker.exists(), "git ran the agent's command");
+}
+
+/// A rebase left behind with `exec` steps would run them as whoever continues it.
+#[test]
+fn a_rebase_todo_cannot_run_commands() {
+    let Some(l) = layout() else { return };
+    let _m = l.mount_env(MOUNT, &[]);
+    let marker = l.root.join("pwned-rebase");
+    let script = format!(
+        r#"
+        H=$(git rev-parse HEAD); D=.git/rebase-merge; mkdir $D
+        echo refs/heads/master > $D/head-name; echo $H > $D/onto; echo $H > $D/orig-head
+        : > $D/interactive; : > $D/done; echo 1 > $D/end; echo 0 > $D/msgnum
+        echo "exec touch {m}" > $D/git-rebase-todo; echo todo=$?
+        printf 'pick %s x\nx touch {m}\n' $H > $D/t && mv $D/t $D/git-rebase-todo; echo todo_rename=$?
+        "#,
+        m = marker.display()
+    );
+    let out = run_agent(&l, &["--intent", "INT-001", "--agent", "evil"], &script);
+    let m = markers(&out.stdout);
+    let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert_ne!(m["todo"], "0", "{ctx}");
+    assert_ne!(m["todo_rename"], "0", "{ctx}");
+    let todo = std::fs::read_to_string(l.ws.join(".git/rebase-merge/git-rebase-todo")).unwrap_or_default();
+    assert!(!todo.contains("touch"), "{todo}");
+    let _ = sh_in(&l.ws, "git -c safe.directory='*' rebase --continue >/dev/null 2>&1");
+    assert!(!marker.exists(), "the planted rebase ran the agent's command");
+}
+
+/// A commit that changes a file outside the scope (staged from a crafted blob) cannot be
+/// moved into a branch, through a loose ref or `packed-refs`; a ref moved through
+/// `packed-refs` is on record, and packing refs is not a deletion.
+#[test]
+fn commits_stay_in_scope_and_every_ref_move_is_on_record() {
+    let Some(l) = layout() else { return };
+    let _m = l.mount_env(MOUNT, &[]);
+    let head0 = ok(sh_in(&l.ws, "git -c safe.directory='*' rev-parse HEAD"), "rev-parse").trim().to_string();
+    let script = r#"
+        B=$(printf 'backdoor();\n' | git hash-object -w --stdin)
+        git update-index --add --cacheinfo 100644,$B,src/other/o.ts
+        git commit -qm 'auth: refactor'; echo commit=$?
+        git reset -q HEAD -- src/other/o.ts 2>/dev/null; git rm -q --cached src/other/o.ts 2>/dev/null
+        echo 'export const ok = 1;' >> src/auth/session.ts && git add src/auth && git commit -qm fine; echo fine=$?
+        C=$(git rev-parse HEAD)
+        git pack-refs --all; echo pack=$?
+        P=$(git rev-parse HEAD~1)
+        sed "s/^$C refs\/heads\/master$/$P refs\/heads\/master/" .git/packed-refs > .git/pr.tmp && mv .git/pr.tmp .git/packed-refs; echo repack=$?
+        git rev-parse master
+    "#;
+    let out = run_agent(&l, &["--intent", "INT-001", "--agent", "evil"], script);
+    let m = markers(&out.stdout);
+    let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert_ne!(m["commit"], "0", "{ctx}");
+    assert_eq!(m["fine"], "0", "{ctx}");
+    let log = ok(sh_in(&l.ws, "git -c safe.directory='*' log --all --format=%s"), "log");
+    assert!(!log.contains("auth: refactor"), "{log}");
+    assert!(!ok(sh_in(&l.ws, "git -c safe.directory='*' log --all --name-only --format="), "log").contains("src/other"));
+    let d = l.wait_ledger("the refused commit", |e| e["code"] == "SCOPE_VIOLATION" && e["detail"]["op"] == "commit");
+    assert!(d["detail"]["message"].as_str().unwrap().contains("src/other/o.ts"), "{d:#}");
+    let refs: Vec<Value> = by_uid(&l, AGENT_UID).into_iter().filter(|e| e["mutation_type"] == "REF").collect();
+    // Packing moved nothing: no entry says master was deleted.
+    assert!(
+        !refs.iter().any(|e| e["detail"]["ref"] == "refs/heads/master" && e["detail"]["new"].is_null()),
+        "{refs:#?}"
+    );
+    // The rewrite of packed-refs moved master back to head0: on record.
+    assert!(
+        refs.iter().any(|e| e["detail"]["ref"] == "refs/heads/master" && e["detail"]["new"] == head0.as_str()),
+        "{refs:#?}\n{ctx}"
+    );
+}
+
+/// Content written under `.git/` and renamed into scope is on record by its hash.
+#[test]
+fn content_renamed_out_of_git_internals_is_on_record() {
+    let Some(l) = layout() else { return };
+    let _m = l.mount_env(MOUNT, &[]);
+    let out = run_agent(
+        &l,
+        &["--intent", "INT-001", "--agent", "evil"],
+        "printf 'payload\\n' > .git/payload && mv .git/payload src/auth/session.ts; echo mv=$?",
+    );
+    assert_eq!(markers(&out.stdout)["mv"], "0", "{}", text(&out.stderr));
+    let r = l.wait_ledger("RENAME from .git", |e| e["mutation_type"] == "RENAME" && e["from"] == ".git/payload");
+    use sha2::Digest;
+    let want = format!("sha256:{}", hex::encode(sha2::Sha256::digest(b"payload\n")));
+    assert_eq!(r["content_hash"], want.as_str(), "{r:#}");
+    let v = intentfs().args(["ledger", "verify"]).arg(&l.ws).output().unwrap();
+    assert!(v.status.success(), "{}", text(&v.stdout));
+    let b = intentfs().args(["blame", "--json"]).arg(&l.ws).arg("src/auth/session.ts").output().unwrap();
+    let b: Value = serde_json::from_slice(&b.stdout).unwrap();
+    assert_eq!(b["lines"][0]["agent"], "evil", "{b:#}");
+}
+
+/// Renaming a directory does not shed what the agent saw of the files in it: a file a
+/// human changed behind its back is still stale under the new name.
+#[test]
+fn a_directory_rename_keeps_the_agents_views() {
+    let Some(l) = layout() else { return };
+    put(&l.ws.join("src/auth/sub/f"), "v1\n");
+    chown_r(&l.ws.join("src/auth"), AGENT_UID);
+    let _m = l.mount_env(MOUNT, &[]);
+    let meet = l.meeting_dir();
+    let script = format!(
+        "cat src/auth/sub/f >/dev/null; touch {m}/read; while [ ! -e {m}/go ]; do sleep 0.05; done; \
+         mv src/auth/sub src/auth/sub2 && echo agent > src/auth/sub2/f; echo write=$?",
+        m = meet.display()
+    );
+    let mut agent = agent_cmd(&l, &["--intent", "INT-001", "--agent", "evil"], &script)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(20), || meet.join("read").exists()));
+    std::fs::write(l.ws.join("src/auth/sub/f"), "v2 IMPORTANT\n").unwrap();
+    std::fs::write(meet.join("go"), "").unwrap();
+    let out = wait_output(&mut agent);
+    assert_ne!(markers(&out.stdout)["write"], "0", "{}", text(&out.stderr));
+    assert_eq!(ws_text(&l, "src/auth/sub2/f"), "v2 IMPORTANT\n");
+}
+
+/// A tripped breaker stops a handle opened before it tripped; a read-write open of a secret
+/// in scope needs the same approval as a read.
+#[test]
+fn the_breaker_stops_open_handles_and_read_write_opens_of_secrets_are_reads() {
+    let Some(l) = layout_with(POLICY, &[("src/auth/server.key", "PRIVATE KEY\n")]) else { return };
+    let mut args = MOUNT.to_vec();
+    args.extend(["--breaker", "3"]);
+    let _m = l.mount_env(&args, &[]);
+    if skip_unless(Path::new(PY).exists(), "needs /usr/bin/python3") {
+        return;
+    }
+    let script = format!(
+        r#"{PY} -c "
+import os
+try:
+    fd = os.open('src/auth/server.key', os.O_RDWR); print(os.read(fd, 100)); print('rdwr=0')
+except OSError as e:
+    print('rdwr=%d' % e.errno)
+fd = os.open('src/auth/session.ts', os.O_WRONLY | os.O_APPEND)
+for i in range(4):
+    try:
+        open('docs/x%d.md' % i, 'w')
+    except OSError:
+        pass
+try:
+    os.write(fd, b'after trip\n'); print('late=0')
+except OSError as e:
+    print('late=%d' % e.errno)
+""#
+    );
+    let out = run_agent(&l, &["--intent", "INT-001", "--agent", "evil"], &script);
+    let m = markers(&out.stdout);
+    let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert_ne!(m["rdwr"], "0", "{ctx}");
+    assert!(!ctx.contains("PRIVATE KEY"), "{ctx}");
+    assert_ne!(m["late"], "0", "{ctx}");
+    assert_eq!(ws_text(&l, "src/auth/session.ts"), "export const session = 1;\n");
+}
