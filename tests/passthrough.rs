@@ -260,14 +260,18 @@ fn git_add_all_does_not_commit_the_control_dir() {
             );
         })
         .mount();
-    tm.sh_ok("git add -A && git commit -qm all");
+    tm.sh_ok("echo b > b.txt && git add -A && git commit -qm all");
     let files = tm.sh_ok("git ls-files");
     assert!(
         !files.contains(".intentfs/"),
         "committed the control dir:\n{files}"
     );
+    // Nor the daemon's own files (issue 17): `.orchestration/` ignores itself.
+    assert!(!files.contains(".orchestration"), "committed the ledger:\n{files}");
+    assert_eq!(files, "a.txt\nb.txt\n");
     let st = ok(sh_in(&tm.ws, "git status --porcelain"), "ws status");
     assert!(!st.contains(".intentfs"), "{st}");
+    assert!(!st.contains(".orchestration"), "{st}");
 }
 
 #[test]

@@ -155,6 +155,14 @@ fn validate(a: MountArgs) -> anyhow::Result<(Plan, runtime::RuntimeDir)> {
         bail!("workspace {} is not a directory", workspace.display());
     }
     let mountpoint = a.mountpoint.canonicalize().map_err(|e| {
+        if e.raw_os_error() == Some(libc::ENOTCONN) {
+            return anyhow!(
+                "mountpoint {} is a dead FUSE mount: its daemon is gone (killed, or crashed), and the \
+                 mount was left behind\nhint: intentfs umount --lazy {p} (or umount -l {p}), then mount again",
+                a.mountpoint.display(),
+                p = a.mountpoint.display()
+            );
+        }
         anyhow!(
             "mountpoint {}: {e}\nhint: mkdir -p {}",
             a.mountpoint.display(),
@@ -280,6 +288,22 @@ fn validate(a: MountArgs) -> anyhow::Result<(Plan, runtime::RuntimeDir)> {
         },
         rt,
     ))
+}
+
+/// `.orchestration/.gitignore` ignoring everything in it (itself included), unless one is
+/// there: the ledger, its head and the intent map are the daemon's, not the project's, and
+/// `git add -A` must not commit them (tracked files there, like a policy, stay tracked).
+fn ignore_orchestration(workspace: &Path) {
+    let dir = workspace.join(".orchestration");
+    let f = dir.join(".gitignore");
+    if dir.is_dir() && std::fs::symlink_metadata(&f).is_err() {
+        if let Err(e) = std::fs::write(
+            &f,
+            "# Written by intentfs: the audit ledger, its head and the intent map are not for commits.\n*\n",
+        ) {
+            tracing::warn!("{}: {e}", f.display());
+        }
+    }
 }
 
 /// What the user must know about approvals before agents start: with no `--approver` and no
@@ -435,9 +459,20 @@ pub fn run(a: MountArgs) -> anyhow::Result<ExitCode> {
         }
         _child => {
             drop(wr);
-            // One line: "OK" once the mount serves, or "ERR ..."; EOF if the child died.
+            // "WARN ..." lines for the user, then one line: "OK" once the mount serves, or
+            // "ERR ..."; EOF if the child died.
+            let mut reader = std::io::BufReader::new(std::fs::File::from(rd));
             let mut msg = String::new();
-            let _ = std::io::BufReader::new(std::fs::File::from(rd)).read_line(&mut msg);
+            loop {
+                msg.clear();
+                if reader.read_line(&mut msg).unwrap_or(0) == 0 {
+                    break;
+                }
+                match msg.strip_prefix("WARN ") {
+                    Some(w) => eprintln!("warning: {}", w.trim_end()),
+                    None => break,
+                }
+            }
             if let Some(m) = msg.strip_prefix("OK") {
                 let _ = m;
                 Ok(ExitCode::SUCCESS)
@@ -514,16 +549,23 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
         },
     )
     .map_err(|e| anyhow!("ledger {}: {e}", plan.ledger_path.display()))?;
+    // What is wrong with the ledger goes to the log and to the person mounting.
+    let mut warnings = Vec::new();
     if let Some(r) = &report.repaired_torn_tail {
-        tracing::warn!("ledger: repaired a torn last line: {r}");
+        warnings.push(format!("ledger {}: repaired a torn last line: {r}", plan.ledger_path.display()));
     }
     for f in &report.chain_findings {
-        tracing::warn!(
-            "ledger chain: line {}: {} (run `intentfs ledger verify`)",
+        warnings.push(format!(
+            "ledger {}: line {}: {} (run `intentfs ledger verify`)",
+            plan.ledger_path.display(),
             f.line,
             f.message
-        );
+        ));
     }
+    for w in &warnings {
+        tracing::warn!("{w}");
+    }
+    ignore_orchestration(&plan.workspace);
     let guard = Arc::new(Guard::new(Rules {
         policy: plan.policy,
         ignore: plan.ignore,
@@ -651,6 +693,9 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
         plan.ledger_path.display()
     );
     if let Some(mut r) = ready {
+        for w in &warnings {
+            let _ = writeln!(r, "WARN {}", w.replace('\n', " "));
+        }
         // Closing the pipe releases the waiting parent.
         let _ = writeln!(r, "OK");
     }

@@ -569,7 +569,8 @@ impl Fs {
             return true;
         }
         let parent = rel.parent().unwrap_or(Path::new(""));
-        if it.companion_dir(parent) || self.temps.covers(&ident.key, parent) {
+        let name = rel.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if it.temp_name(parent, name) || self.temps.covers(&ident.key, parent) {
             temps::NEW_TEMP.with(|t| t.set(true));
             return true;
         }
@@ -593,7 +594,8 @@ impl Fs {
             return false;
         };
         let parent = to.parent().unwrap_or(Path::new(""));
-        it.companion_dir(parent) || self.temps.covers(&ident.key, parent)
+        let name = to.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        it.temp_name(parent, name) || self.temps.covers(&ident.key, parent)
     }
 
     /// The breaker tripped: say so loudly (log, ledger, and the human channel).

@@ -198,13 +198,51 @@ impl Intent {
             let rest = g[lit.len()..].trim_start_matches('/');
             let lit = Path::new(lit);
             if rest.starts_with("**") {
-                return lit.parent() == Some(dir) || dir.starts_with(lit);
+                return dir.starts_with(lit);
             }
             if rest.contains('/') {
                 return dir.starts_with(lit);
             }
             dir == lit
         })
+    }
+
+    /// Whether a new entry `name` in `dir` may be a tool's temporary for this intent: `dir`
+    /// is a companion directory, and the name is one tools give temporaries — derived from
+    /// an in-scope name there (`main.rs.bak`, `hello.tmpc8756b4`, `target7NaLVN` for
+    /// `target/`), hidden or backup-like (`.name.swp`, `name~`, `#name#`), or a random
+    /// temporary name (`sedAb12Cd`, perl's `XXAb12Cd`, Python's `tmpab_12cd3`, vim's `4913`).
+    /// An ordinary name (`other.ts`) is not: it would be a new file outside the scope.
+    pub fn temp_name(&self, dir: &Path, name: &str) -> bool {
+        if !self.companion_dir(dir) || name.is_empty() {
+            return false;
+        }
+        let alnum = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_alphanumeric());
+        let generic = name.starts_with('.')
+            || name.starts_with('#')
+            || name.ends_with('~')
+            || name.ends_with('#')
+            || name.bytes().all(|b| b.is_ascii_digit())
+            || name.strip_prefix("sed").is_some_and(|r| alnum(r, 6))
+            || name.strip_prefix("XX").is_some_and(|r| alnum(r, 6))
+            || name.strip_prefix("tmp").is_some_and(|r| {
+                r.len() >= 6 && r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            });
+        if generic {
+            return true;
+        }
+        let in_scope = |n: &str| !n.is_empty() && self.scope_match(&dir.join(n)).is_some();
+        // `<in-scope name>` followed by a suffix: `.bak`, `.tmpXXXX`, `.12345`, `~`…
+        let derived = name
+            .char_indices()
+            .filter(|(i, c)| *i > 0 && matches!(c, '.' | '~' | '-'))
+            .any(|(i, _)| in_scope(&name[..i]));
+        // `<in-scope directory><6 random>`: a sibling made to be renamed onto it.
+        let sibling = name.len() > 6
+            && name.is_char_boundary(name.len() - 6)
+            && alnum(&name[name.len() - 6..], 6)
+            && in_scope(&name[..name.len() - 6]);
+        derived || sibling
     }
 
     /// The `<intent_context>` block served by `.intentfs/context`, ready to paste into a

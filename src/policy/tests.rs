@@ -606,10 +606,10 @@ fn companion_and_implied_directories_follow_the_globs() {
     )
     .unwrap();
     let a = p.intent("A").unwrap();
-    for d in ["src/middleware", "", "crate", "crate/src", "crate/src/x", "docs"] {
+    for d in ["src/middleware", "", "crate/src", "crate/src/x", "docs"] {
         assert!(a.companion_dir(Path::new(d)), "{d:?} should be a companion directory");
     }
-    for d in ["src", "src/auth", "docs/sub", "target/x", "other"] {
+    for d in ["src", "crate", "src/auth", "docs/sub", "target/x", "other"] {
         assert!(!a.companion_dir(Path::new(d)), "{d:?} should not be a companion directory");
     }
     for d in ["crate", "crate/src", "src", "src/middleware", "target"] {
@@ -618,4 +618,30 @@ fn companion_and_implied_directories_follow_the_globs() {
     for d in ["", "crate/src/x", "src/auth", "docs/x"] {
         assert!(!a.implies_dir(Path::new(d)), "{d:?} should not be implied");
     }
+}
+
+#[test]
+fn temporary_names_are_what_tools_use_not_ordinary_files() {
+    let p = Policy::parse(
+        "intents:\n  - id: A\n    status: IN_PROGRESS\n    owned_scope: [\"src/middleware/jwt.ts\", \"target/\", \"docs/*.md\"]\n",
+        Path::new("p.yaml"),
+    )
+    .unwrap();
+    let a = p.intent("A").unwrap();
+    let dir = Path::new("src/middleware");
+    for n in [
+        "sedAb12Cd", "XXAb12Cd", "tmpab_12cd3", "4913", ".jwt.ts.swp", "jwt.ts~", "#jwt.ts#",
+        ".#jwt.ts", "jwt.ts.tmpc8756b4", "jwt.ts.bak", ".jwt.ts.Ab12Cd",
+    ] {
+        assert!(a.temp_name(dir, n), "{n} should pass for a temporary");
+    }
+    for n in ["other.ts", "index.ts", "Makefile", "jwt.ts", "sed", "jwt"] {
+        assert!(!a.temp_name(dir, n), "{n} is an ordinary file, not a temporary");
+    }
+    assert!(a.temp_name(Path::new(""), "target7NaLVN"), "cargo's sibling of target/");
+    assert!(!a.temp_name(Path::new(""), "targetX"));
+    assert!(!a.temp_name(Path::new(""), "Cargo.lock"));
+    assert!(a.temp_name(Path::new("docs"), "index.md.tmp"));
+    assert!(!a.temp_name(Path::new("docs"), "notes.txt"));
+    assert!(!a.temp_name(Path::new("src/auth"), "sedAb12Cd"), "not a companion directory");
 }
