@@ -130,7 +130,11 @@ pub fn render(
     info: &dyn Fn() -> StatusInfo,
 ) -> Vec<u8> {
     match f {
-        CtlFile::Intent => ident.intent().map(|i| format!("{i}\n")).unwrap_or_default().into_bytes(),
+        CtlFile::Intent => ident
+            .intent()
+            .map(|i| format!("{i}\n"))
+            .unwrap_or_default()
+            .into_bytes(),
         CtlFile::Context => match ident.intent().and_then(|i| policy.intent(&i).cloned()) {
             Some(it) => it.context_xml().into_bytes(),
             None => {
@@ -146,7 +150,12 @@ pub fn render(
         CtlFile::Intents => {
             let mut out = String::new();
             for it in policy.intents().iter().filter(|i| i.selectable()) {
-                out.push_str(&format!("{}\t{}\t{}\n", it.id, it.name, it.owned_scope.join(" ")));
+                out.push_str(&format!(
+                    "{}\t{}\t{}\n",
+                    it.id,
+                    it.name,
+                    it.owned_scope.join(" ")
+                ));
             }
             out.into_bytes()
         }

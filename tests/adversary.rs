@@ -1023,7 +1023,13 @@ int main(int argc, char **argv) {
     )
     .unwrap();
     let bin = l.root.join("deep");
-    ok(sh_in(&l.root, &format!("cc -O1 -o {} {}", bin.display(), src.display())), "cc");
+    ok(
+        sh_in(
+            &l.root,
+            &format!("cc -O1 -o {} {}", bin.display(), src.display()),
+        ),
+        "cc",
+    );
     chmod(&l.root, 0o755);
     let _m = l.mount_env(MOUNT, &[("INTENTFS_NO_CGROUP", "1")]);
     let out = run_agent(
@@ -1048,7 +1054,10 @@ int main(int argc, char **argv) {
 #[test]
 fn an_agent_cannot_type_into_the_operators_terminal() {
     let Some(l) = layout() else { return };
-    if skip_unless(Path::new(PY).exists() && have("bash"), "needs /usr/bin/python3 and bash") {
+    if skip_unless(
+        Path::new(PY).exists() && have("bash"),
+        "needs /usr/bin/python3 and bash",
+    ) {
         return;
     }
     let _m = l.mount_env(MOUNT, &[]);
@@ -1082,7 +1091,10 @@ sys.stdout.write(out.decode(errors='replace'))
         .unwrap();
     let said = text(&out.stdout);
     assert!(said.contains("GOT["), "{said}{}", text(&out.stderr));
-    assert!(said.contains("GOT[]"), "keystrokes reached the operator's shell: {said}");
+    assert!(
+        said.contains("GOT[]"),
+        "keystrokes reached the operator's shell: {said}"
+    );
 }
 
 /// A bare repository laid out in scope (HEAD, objects/, refs/, config) would be a git
@@ -1092,14 +1104,21 @@ sys.stdout.write(out.decode(errors='replace'))
 fn a_bare_repository_layout_is_not_an_execution_channel() {
     let Some(l) = layout() else { return };
     // A bare-like directory already there (made by a human).
-    for d in ["src/auth/mirror/objects", "src/auth/mirror/refs/heads", "src/auth/mirror/hooks"] {
+    for d in [
+        "src/auth/mirror/objects",
+        "src/auth/mirror/refs/heads",
+        "src/auth/mirror/hooks",
+    ] {
         std::fs::create_dir_all(l.ws.join(d)).unwrap();
     }
     std::fs::write(l.ws.join("src/auth/mirror/HEAD"), "ref: refs/heads/main\n").unwrap();
     chown_r(&l.ws.join("src/auth"), AGENT_UID);
     let _m = l.mount_env(MOUNT, &[]);
     let marker = l.root.join("pwned-bare");
-    let cfg = format!("[core]\n\tbare = false\n\tfsmonitor = \"touch {}\"\n", marker.display());
+    let cfg = format!(
+        "[core]\n\tbare = false\n\tfsmonitor = \"touch {}\"\n",
+        marker.display()
+    );
     let script = format!(
         r#"
         cd src/auth && mkdir -p fake/objects fake/refs/heads; echo dirs=$?
@@ -1120,7 +1139,10 @@ fn a_bare_repository_layout_is_not_an_execution_channel() {
     assert!(!l.ws.join("src/auth/fake/HEAD").exists());
     assert!(!l.ws.join("src/auth/mirror/config").exists());
     for d in ["src/auth/fake", "src/auth/mirror"] {
-        let _ = sh_in(&l.ws.join(d), "git -c safe.directory='*' status >/dev/null 2>&1");
+        let _ = sh_in(
+            &l.ws.join(d),
+            "git -c safe.directory='*' status >/dev/null 2>&1",
+        );
     }
     assert!(!marker.exists(), "git ran the agent's command");
 }
@@ -1146,10 +1168,17 @@ fn a_rebase_todo_cannot_run_commands() {
     let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
     assert_ne!(m["todo"], "0", "{ctx}");
     assert_ne!(m["todo_rename"], "0", "{ctx}");
-    let todo = std::fs::read_to_string(l.ws.join(".git/rebase-merge/git-rebase-todo")).unwrap_or_default();
+    let todo =
+        std::fs::read_to_string(l.ws.join(".git/rebase-merge/git-rebase-todo")).unwrap_or_default();
     assert!(!todo.contains("touch"), "{todo}");
-    let _ = sh_in(&l.ws, "git -c safe.directory='*' rebase --continue >/dev/null 2>&1");
-    assert!(!marker.exists(), "the planted rebase ran the agent's command");
+    let _ = sh_in(
+        &l.ws,
+        "git -c safe.directory='*' rebase --continue >/dev/null 2>&1",
+    );
+    assert!(
+        !marker.exists(),
+        "the planted rebase ran the agent's command"
+    );
 }
 
 /// A commit that changes a file outside the scope (staged from a crafted blob) cannot be
@@ -1159,7 +1188,12 @@ fn a_rebase_todo_cannot_run_commands() {
 fn commits_stay_in_scope_and_every_ref_move_is_on_record() {
     let Some(l) = layout() else { return };
     let _m = l.mount_env(MOUNT, &[]);
-    let head0 = ok(sh_in(&l.ws, "git -c safe.directory='*' rev-parse HEAD"), "rev-parse").trim().to_string();
+    let head0 = ok(
+        sh_in(&l.ws, "git -c safe.directory='*' rev-parse HEAD"),
+        "rev-parse",
+    )
+    .trim()
+    .to_string();
     let script = r#"
         B=$(printf 'backdoor();\n' | git hash-object -w --stdin)
         git update-index --add --cacheinfo 100644,$B,src/other/o.ts
@@ -1177,20 +1211,45 @@ fn commits_stay_in_scope_and_every_ref_move_is_on_record() {
     let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
     assert_ne!(m["commit"], "0", "{ctx}");
     assert_eq!(m["fine"], "0", "{ctx}");
-    let log = ok(sh_in(&l.ws, "git -c safe.directory='*' log --all --format=%s"), "log");
+    let log = ok(
+        sh_in(&l.ws, "git -c safe.directory='*' log --all --format=%s"),
+        "log",
+    );
     assert!(!log.contains("auth: refactor"), "{log}");
-    assert!(!ok(sh_in(&l.ws, "git -c safe.directory='*' log --all --name-only --format="), "log").contains("src/other"));
-    let d = l.wait_ledger("the refused commit", |e| e["code"] == "SCOPE_VIOLATION" && e["detail"]["op"] == "commit");
-    assert!(d["detail"]["message"].as_str().unwrap().contains("src/other/o.ts"), "{d:#}");
-    let refs: Vec<Value> = by_uid(&l, AGENT_UID).into_iter().filter(|e| e["mutation_type"] == "REF").collect();
+    assert!(!ok(
+        sh_in(
+            &l.ws,
+            "git -c safe.directory='*' log --all --name-only --format="
+        ),
+        "log"
+    )
+    .contains("src/other"));
+    let d = l.wait_ledger("the refused commit", |e| {
+        e["code"] == "SCOPE_VIOLATION" && e["detail"]["op"] == "commit"
+    });
+    assert!(
+        d["detail"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("src/other/o.ts"),
+        "{d:#}"
+    );
+    let refs: Vec<Value> = by_uid(&l, AGENT_UID)
+        .into_iter()
+        .filter(|e| e["mutation_type"] == "REF")
+        .collect();
     // Packing moved nothing: no entry says master was deleted.
     assert!(
-        !refs.iter().any(|e| e["detail"]["ref"] == "refs/heads/master" && e["detail"]["new"].is_null()),
+        !refs
+            .iter()
+            .any(|e| e["detail"]["ref"] == "refs/heads/master" && e["detail"]["new"].is_null()),
         "{refs:#?}"
     );
     // The rewrite of packed-refs moved master back to head0: on record.
     assert!(
-        refs.iter().any(|e| e["detail"]["ref"] == "refs/heads/master" && e["detail"]["new"] == head0.as_str()),
+        refs.iter()
+            .any(|e| e["detail"]["ref"] == "refs/heads/master"
+                && e["detail"]["new"] == head0.as_str()),
         "{refs:#?}\n{ctx}"
     );
 }
@@ -1206,13 +1265,24 @@ fn content_renamed_out_of_git_internals_is_on_record() {
         "printf 'payload\\n' > .git/payload && mv .git/payload src/auth/session.ts; echo mv=$?",
     );
     assert_eq!(markers(&out.stdout)["mv"], "0", "{}", text(&out.stderr));
-    let r = l.wait_ledger("RENAME from .git", |e| e["mutation_type"] == "RENAME" && e["from"] == ".git/payload");
+    let r = l.wait_ledger("RENAME from .git", |e| {
+        e["mutation_type"] == "RENAME" && e["from"] == ".git/payload"
+    });
     use sha2::Digest;
     let want = format!("sha256:{}", hex::encode(sha2::Sha256::digest(b"payload\n")));
     assert_eq!(r["content_hash"], want.as_str(), "{r:#}");
-    let v = intentfs().args(["ledger", "verify"]).arg(&l.ws).output().unwrap();
+    let v = intentfs()
+        .args(["ledger", "verify"])
+        .arg(&l.ws)
+        .output()
+        .unwrap();
     assert!(v.status.success(), "{}", text(&v.stdout));
-    let b = intentfs().args(["blame", "--json"]).arg(&l.ws).arg("src/auth/session.ts").output().unwrap();
+    let b = intentfs()
+        .args(["blame", "--json"])
+        .arg(&l.ws)
+        .arg("src/auth/session.ts")
+        .output()
+        .unwrap();
     let b: Value = serde_json::from_slice(&b.stdout).unwrap();
     assert_eq!(b["lines"][0]["agent"], "evil", "{b:#}");
 }
@@ -1236,7 +1306,9 @@ fn a_directory_rename_keeps_the_agents_views() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    assert!(wait_until(Duration::from_secs(20), || meet.join("read").exists()));
+    assert!(wait_until(Duration::from_secs(20), || meet
+        .join("read")
+        .exists()));
     std::fs::write(l.ws.join("src/auth/sub/f"), "v2 IMPORTANT\n").unwrap();
     std::fs::write(meet.join("go"), "").unwrap();
     let out = wait_output(&mut agent);
@@ -1248,7 +1320,9 @@ fn a_directory_rename_keeps_the_agents_views() {
 /// in scope needs the same approval as a read.
 #[test]
 fn the_breaker_stops_open_handles_and_read_write_opens_of_secrets_are_reads() {
-    let Some(l) = layout_with(POLICY, &[("src/auth/server.key", "PRIVATE KEY\n")]) else { return };
+    let Some(l) = layout_with(POLICY, &[("src/auth/server.key", "PRIVATE KEY\n")]) else {
+        return;
+    };
     let mut args = MOUNT.to_vec();
     args.extend(["--breaker", "3"]);
     let _m = l.mount_env(&args, &[]);
@@ -1280,5 +1354,8 @@ except OSError as e:
     assert_ne!(m["rdwr"], "0", "{ctx}");
     assert!(!ctx.contains("PRIVATE KEY"), "{ctx}");
     assert_ne!(m["late"], "0", "{ctx}");
-    assert_eq!(ws_text(&l, "src/auth/session.ts"), "export const session = 1;\n");
+    assert_eq!(
+        ws_text(&l, "src/auth/session.ts"),
+        "export const session = 1;\n"
+    );
 }

@@ -267,7 +267,10 @@ fn git_add_all_does_not_commit_the_control_dir() {
         "committed the control dir:\n{files}"
     );
     // Nor the daemon's own files (issue 17): `.orchestration/` ignores itself.
-    assert!(!files.contains(".orchestration"), "committed the ledger:\n{files}");
+    assert!(
+        !files.contains(".orchestration"),
+        "committed the ledger:\n{files}"
+    );
     assert_eq!(files, "a.txt\nb.txt\n");
     let st = ok(sh_in(&tm.ws, "git status --porcelain"), "ws status");
     assert!(!st.contains(".intentfs"), "{st}");

@@ -117,7 +117,8 @@ fn ack(a: AckArgs) -> anyhow::Result<ExitCode> {
     let (ws_arg, files) = match a.paths.split_first() {
         Some((first, rest))
             if !rest.is_empty()
-                && crate::ledger::default_ledger_path(&super::runtime::backing_path(first)).is_file() =>
+                && crate::ledger::default_ledger_path(&super::runtime::backing_path(first))
+                    .is_file() =>
         {
             (Some(first.clone()), rest.to_vec())
         }
@@ -128,7 +129,10 @@ fn ack(a: AckArgs) -> anyhow::Result<ExitCode> {
     let mut rels = Vec::new();
     for f in &files {
         let mapped = super::runtime::backing_path(f);
-        let rel = if f.is_relative() && ws.join(f).symlink_metadata().is_ok() && !mapped.starts_with(&ws_c) {
+        let rel = if f.is_relative()
+            && ws.join(f).symlink_metadata().is_ok()
+            && !mapped.starts_with(&ws_c)
+        {
             f.clone()
         } else {
             let parent = mapped.parent().and_then(|p| p.canonicalize().ok());
@@ -138,7 +142,13 @@ fn ack(a: AckArgs) -> anyhow::Result<ExitCode> {
             };
             full.strip_prefix(&ws_c)
                 .map(Path::to_path_buf)
-                .map_err(|_| anyhow::anyhow!("{:?} is not inside the workspace {:?}", f.display().to_string(), ws.display().to_string()))?
+                .map_err(|_| {
+                    anyhow::anyhow!(
+                        "{:?} is not inside the workspace {:?}",
+                        f.display().to_string(),
+                        ws.display().to_string()
+                    )
+                })?
         };
         rels.push(rel.to_string_lossy().into_owned());
     }
@@ -162,8 +172,9 @@ fn ack(a: AckArgs) -> anyhow::Result<ExitCode> {
             let uid = unsafe { libc::geteuid() };
             let drafts = crate::ledger::ack_drafts(&ws, &rels, a.note.as_deref(), uid)
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
-            let (l, _) = crate::ledger::Ledger::open(&ledger, crate::ledger::LedgerOptions::default())
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let (l, _) =
+                crate::ledger::Ledger::open(&ledger, crate::ledger::LedgerOptions::default())
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
             let n = drafts.len();
             for d in drafts {
                 l.record(d).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -172,7 +183,10 @@ fn ack(a: AckArgs) -> anyhow::Result<ExitCode> {
             n
         }
     };
-    println!("acknowledged {n} file(s) as they are now: {}", rels.join(", "));
+    println!(
+        "acknowledged {n} file(s) as they are now: {}",
+        rels.join(", ")
+    );
     Ok(ExitCode::SUCCESS)
 }
 

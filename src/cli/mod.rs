@@ -84,7 +84,11 @@ pub fn run() -> ExitCode {
     // as other Unix tools do. (Not the daemon: a closed socket must not kill it.)
     if matches!(
         cli.command,
-        Command::Log(_) | Command::Blame(_) | Command::Ledger(_) | Command::CheckPolicy(_) | Command::Approvals(_)
+        Command::Log(_)
+            | Command::Blame(_)
+            | Command::Ledger(_)
+            | Command::CheckPolicy(_)
+            | Command::Approvals(_)
     ) {
         // SAFETY: restoring the default action of SIGPIPE before any thread exists.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
@@ -104,7 +108,11 @@ pub fn run() -> ExitCode {
         Command::Blame(a) => blame::run(a),
         Command::Verify { rest } => Err(anyhow::anyhow!(
             "there is no `verify` command\nhint: intentfs ledger verify {}",
-            if rest.is_empty() { "[WORKSPACE]".to_string() } else { rest.join(" ") }
+            if rest.is_empty() {
+                "[WORKSPACE]".to_string()
+            } else {
+                rest.join(" ")
+            }
         )),
     };
     match result {

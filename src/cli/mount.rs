@@ -552,7 +552,10 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
     // What is wrong with the ledger goes to the log and to the person mounting.
     let mut warnings = Vec::new();
     if let Some(r) = &report.repaired_torn_tail {
-        warnings.push(format!("ledger {}: repaired a torn last line: {r}", plan.ledger_path.display()));
+        warnings.push(format!(
+            "ledger {}: repaired a torn last line: {r}",
+            plan.ledger_path.display()
+        ));
     }
     for f in &report.chain_findings {
         warnings.push(format!(

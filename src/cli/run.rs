@@ -157,7 +157,9 @@ impl RawMode {
     fn enter() -> RawMode {
         use nix::sys::termios::{cfmakeraw, tcgetattr, tcsetattr, SetArg};
         let stdin = std::io::stdin();
-        let Ok(saved) = tcgetattr(&stdin) else { return RawMode(None) };
+        let Ok(saved) = tcgetattr(&stdin) else {
+            return RawMode(None);
+        };
         let mut raw = saved.clone();
         cfmakeraw(&mut raw);
         let _ = tcsetattr(&stdin, SetArg::TCSANOW, &raw);
@@ -168,7 +170,11 @@ impl RawMode {
 impl Drop for RawMode {
     fn drop(&mut self) {
         if let Some(t) = &self.0 {
-            let _ = nix::sys::termios::tcsetattr(std::io::stdin(), nix::sys::termios::SetArg::TCSANOW, t);
+            let _ = nix::sys::termios::tcsetattr(
+                std::io::stdin(),
+                nix::sys::termios::SetArg::TCSANOW,
+                t,
+            );
         }
     }
 }
@@ -232,10 +238,14 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     if tty == Tty::Pty {
         let size = winsize(0).or_else(|| winsize(1));
         let term = nix::sys::termios::tcgetattr(std::io::stdin()).ok();
-        let pty = nix::pty::openpty(size.as_ref(), term.as_ref()).context("opening a pseudo-terminal")?;
+        let pty =
+            nix::pty::openpty(size.as_ref(), term.as_ref()).context("opening a pseudo-terminal")?;
         for fd in [&pty.master, &pty.slave] {
             // Neither end leaks into CMD but as its standard streams.
-            nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))?;
+            nix::fcntl::fcntl(
+                fd,
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+            )?;
         }
         // Each standard stream that is the operator's terminal becomes CMD's own terminal;
         // a pipe or a file stays as it is.
@@ -335,7 +345,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     // process alone (kill from a supervisor) is passed on. In a session of its own, every
     // one is; a new terminal size goes to its pseudo-terminal.
     let pid = child.id() as i32;
-    let win_fd = master_winsize.as_ref().map(|f| std::os::fd::AsRawFd::as_raw_fd(f));
+    let win_fd = master_winsize
+        .as_ref()
+        .map(|f| std::os::fd::AsRawFd::as_raw_fd(f));
     std::thread::spawn(move || {
         let _keep = master_winsize;
         loop {

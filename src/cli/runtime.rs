@@ -251,7 +251,10 @@ pub fn wait_daemon_exit(mountpoint: &Path, max: std::time::Duration) -> bool {
 
 /// intentfs mounts listed in `/proc/self/mountinfo`: their mountpoints.
 pub fn intentfs_mounts() -> Vec<PathBuf> {
-    mounts_with_sources().into_iter().map(|(mp, _)| mp).collect()
+    mounts_with_sources()
+        .into_iter()
+        .map(|(mp, _)| mp)
+        .collect()
 }
 
 /// intentfs mounts: (mountpoint, workspace), the workspace from the mount's source

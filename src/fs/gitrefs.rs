@@ -24,7 +24,12 @@ fn git(gitdir: &Path, args: &[&str]) -> Option<String> {
     let out = Command::new("git")
         .arg("--git-dir")
         .arg(gitdir)
-        .args(["-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null"])
+        .args([
+            "-c",
+            "core.fsmonitor=false",
+            "-c",
+            "core.hooksPath=/dev/null",
+        ])
         .args(["-c", "core.pager=cat", "-c", "safe.directory=*"])
         .args(args)
         .env_clear()
@@ -78,7 +83,8 @@ pub fn packed_changes(old: &str, new: &str) -> Vec<(String, Option<String>, Opti
 impl Fs {
     /// The workspace repository's git directory, when `rel` is in it (not a nested one).
     pub(crate) fn root_gitdir(&self, rel: &Path) -> Option<PathBuf> {
-        rel.starts_with(".git").then(|| self.cfg.workspace.join(".git"))
+        rel.starts_with(".git")
+            .then(|| self.cfg.workspace.join(".git"))
     }
 
     /// The value `packed-refs` of the repository holding `rel` gives ref `name`.
@@ -92,6 +98,31 @@ impl Fs {
             .ok()?;
         let bytes = super::hash::read_small(&f, 64 << 20)?;
         parse_packed(&String::from_utf8_lossy(&bytes)).remove(name)
+    }
+
+    /// The value of the loose ref `name` of the repository holding `rel`, if it has one.
+    pub(crate) fn loose_value(&self, rel: &Path, name: &str) -> Option<String> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let gitdir = self.root_gitdir(rel)?;
+        if name
+            .split('/')
+            .any(|c| c.is_empty() || c == ".." || c == ".")
+        {
+            return None;
+        }
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(gitdir.join(name))
+            .ok()?;
+        let bytes = super::hash::read_small(&f, 4096)?;
+        Some(
+            String::from_utf8_lossy(&bytes)
+                .lines()
+                .next()?
+                .trim()
+                .to_string(),
+        )
     }
 
     /// Refuse a ref of the workspace's repository moving to `new` when a commit it brings
@@ -111,23 +142,47 @@ impl Fs {
             return Ok(0);
         }
         let Some(list) = git(&gitdir, &["rev-list", new, "--not", "--all"]) else {
-            tracing::warn!("git rev-list {new}: git could not read the repository; commit not checked");
+            tracing::warn!(
+                "git rev-list {new}: git could not read the repository; commit not checked"
+            );
             return Ok(0);
         };
         let commits: Vec<&str> = list.lines().filter(|l| is_oid(l)).collect();
         let intent = ident.intent();
         for c in &commits {
-            let parents = git(&gitdir, &["rev-list", "--parents", "-n", "1", c]).unwrap_or_default();
+            let parents =
+                git(&gitdir, &["rev-list", "--parents", "-n", "1", c]).unwrap_or_default();
             let merge = parents.split_whitespace().count() > 2;
             let args: Vec<&str> = if merge {
-                vec!["diff-tree", "-r", "--no-commit-id", "--name-only", "-z", "--cc", c]
+                vec![
+                    "diff-tree",
+                    "-r",
+                    "--no-commit-id",
+                    "--name-only",
+                    "-z",
+                    "--cc",
+                    c,
+                ]
             } else {
-                vec!["diff-tree", "-r", "--no-commit-id", "--name-only", "-z", "--root", c]
+                vec![
+                    "diff-tree",
+                    "-r",
+                    "--no-commit-id",
+                    "--name-only",
+                    "-z",
+                    "--root",
+                    c,
+                ]
             };
-            let Some(paths) = git(&gitdir, &args) else { continue };
+            let Some(paths) = git(&gitdir, &args) else {
+                continue;
+            };
             for p in paths.split('\0').filter(|p| !p.is_empty() && !is_oid(p)) {
                 let path = Path::new(p);
-                if let Err(d) = self.guard.check_write(intent.as_deref(), "commit", path, false) {
+                if let Err(d) = self
+                    .guard
+                    .check_write(intent.as_deref(), "commit", path, false)
+                {
                     if self.temps.covers(&ident.key, path) {
                         continue;
                     }
@@ -174,7 +229,11 @@ mod tests {
         assert_eq!(
             c,
             vec![
-                ("refs/heads/main".into(), Some("1".repeat(40)), Some("4".repeat(40))),
+                (
+                    "refs/heads/main".into(),
+                    Some("1".repeat(40)),
+                    Some("4".repeat(40))
+                ),
                 ("refs/heads/new".into(), None, Some("5".repeat(40))),
                 ("refs/tags/v1".into(), Some("2".repeat(40)), None),
             ]
@@ -251,22 +310,38 @@ impl Fs {
         if crate::policy::git::in_git_dir(&rel) {
             return Ok(());
         }
-        let Some(n) = name.to_str() else { return Ok(()) };
+        let Some(n) = name.to_str() else {
+            return Ok(());
+        };
         let why = if GITDIR_MARKS.contains(&n) {
             let others = GITDIR_MARKS
                 .iter()
                 .filter(|m| **m != n)
                 .all(|m| super::sys::stat_at(dir, std::ffi::OsStr::new(m)).is_ok());
-            others.then(|| format!("{} would hold HEAD, objects/ and refs/: git takes it for a git directory", show_dir(dir_rel)))
+            others.then(|| {
+                format!(
+                    "{} would hold HEAD, objects/ and refs/: git takes it for a git directory",
+                    show_dir(dir_rel)
+                )
+            })
         } else if exec_name(n) && git_dir_like(dir) {
-            Some(format!("{} is laid out as a git directory, and git reads {n} there", show_dir(dir_rel)))
+            Some(format!(
+                "{} is laid out as a git directory, and git reads {n} there",
+                show_dir(dir_rel)
+            ))
         } else {
             let parent = dir_rel.file_name().and_then(|p| p.to_str()).unwrap_or("");
-            let down = matches!(parent, "hooks" | "worktrees") || (parent == "info" && n.starts_with("attributes"));
+            let down = matches!(parent, "hooks" | "worktrees")
+                || (parent == "info" && n.starts_with("attributes"));
             (down
                 && super::sys::open_path(dir, std::ffi::OsStr::new(".."))
                     .is_ok_and(|up| git_dir_like(std::os::fd::AsFd::as_fd(&up))))
-            .then(|| format!("{} is in a directory laid out as a git directory", rel.display()))
+            .then(|| {
+                format!(
+                    "{} is in a directory laid out as a git directory",
+                    rel.display()
+                )
+            })
         };
         let Some(why) = why else { return Ok(()) };
         let d = Denial::new(
@@ -286,7 +361,12 @@ impl Fs {
 
 impl Fs {
     /// The refusal of a rebase todo list that runs commands.
-    pub(crate) fn todo_denial(&self, ident: &Identity, caller: &Caller, rel: &Path) -> super::FsError {
+    pub(crate) fn todo_denial(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        rel: &Path,
+    ) -> super::FsError {
         let d = Denial::new(
             Code::ProtectedPath,
             "write",
@@ -304,7 +384,12 @@ impl Fs {
 
     /// Before a write through a handle of a rebase todo list: refuse when the file, with
     /// `data` written at `offset`, would run commands.
-    pub(crate) fn check_todo_write(&self, h: &super::FileHandle, offset: u64, data: &[u8]) -> Result<()> {
+    pub(crate) fn check_todo_write(
+        &self,
+        h: &super::FileHandle,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<()> {
         let mut text = super::hash::read_small(&h.file, 16 << 20).unwrap_or_default();
         let end = offset as usize + data.len();
         if text.len() < end {

@@ -558,15 +558,25 @@ impl Fs {
         if self.temps.covers(&ident.key, rel) {
             return true;
         }
-        if !matches!(op, "create" | "mkdir" | "mknod" | "symlink") {
+        let made = matches!(op, "create" | "mkdir" | "mknod" | "symlink");
+        let attrs = matches!(op, "utimes" | "chmod" | "chown");
+        if !made && !attrs {
             return false;
         }
         let rules = self.guard.rules();
-        let Some(it) = ident.intent().and_then(|i| rules.policy.intent(&i).cloned()) else {
+        let Some(it) = ident
+            .intent()
+            .and_then(|i| rules.policy.intent(&i).cloned())
+        else {
             return false;
         };
-        if op == "mkdir" && it.implies_dir(rel) {
+        // A directory the scope implies may be made, and its times and mode set (`tar x
+        // -C src/auth` sets them on `src/auth`).
+        if (op == "mkdir" || attrs) && it.implies_dir(rel) {
             return true;
+        }
+        if attrs {
+            return false;
         }
         let parent = rel.parent().unwrap_or(Path::new(""));
         let name = rel.file_name().and_then(|n| n.to_str()).unwrap_or("");
@@ -580,9 +590,18 @@ impl Fs {
     /// Whether `to` may take a rename as a temporary: outside the scope only, in a companion
     /// directory of the identity's intent (or a temporary directory of it), and free or
     /// already this identity's temporary.
-    pub(crate) fn temp_target(&self, ident: &Identity, to: &Path, is_dir: bool, dst_exists: bool) -> bool {
+    pub(crate) fn temp_target(
+        &self,
+        ident: &Identity,
+        to: &Path,
+        is_dir: bool,
+        dst_exists: bool,
+    ) -> bool {
         let intent = ident.intent();
-        match self.guard.check_write(intent.as_deref(), "rename", to, is_dir) {
+        match self
+            .guard
+            .check_write(intent.as_deref(), "rename", to, is_dir)
+        {
             Err(d) if d.code == crate::guard::Code::ScopeViolation => {}
             _ => return false,
         }
@@ -679,9 +698,13 @@ impl Fs {
         }
         // A name that decides what git runs, in a directory laid out as a git directory.
         for (parent, name) in node.aliases() {
-            let Some(p) = self.table.get(parent) else { continue };
+            let Some(p) = self.table.get(parent) else {
+                continue;
+            };
             let special = gitrefs::special_name(&name)
-                || p.aliases().iter().any(|(_, n)| n == "hooks" || n == "worktrees" || n == "info");
+                || p.aliases()
+                    .iter()
+                    .any(|(_, n)| n == "hooks" || n == "worktrees" || n == "info");
             if special {
                 if let (Ok(pfd), Ok(prel)) = (self.fd(&p), self.dir_rel(&p)) {
                     self.check_git_layout(&ident, caller, op, pfd.as_fd(), &prel, &name)?;
@@ -787,7 +810,13 @@ impl Fs {
         }
         let Some(l) = &self.ledger else { return Ok(()) };
         let rules = self.guard.rules();
-        if let Some(rule) = rules.policy.output_match(rel) {
+        // Build output is summarized; a rename into it from elsewhere stays an entry of its
+        // own (what it moves leaves its old name on record).
+        let from_output = draft
+            .from
+            .as_deref()
+            .is_none_or(|f| rules.policy.output_match(f).is_some());
+        if let Some(rule) = rules.policy.output_match(rel).filter(|_| from_output) {
             // Build output: counted into its burst's summary (a handle's begin is not).
             if mt != MutationType::WriteBegin {
                 let root = output_root(&rules.policy, rel);
@@ -825,7 +854,10 @@ impl Fs {
 /// The directory a build output summary is named by: the shortest ancestor of `rel` (or
 /// `rel`) under the same `output:` rule (`target` for `target/debug/x` under `target/`).
 fn output_root(policy: &crate::policy::Policy, rel: &Path) -> PathBuf {
-    let mut up: Vec<&Path> = rel.ancestors().filter(|a| !a.as_os_str().is_empty()).collect();
+    let mut up: Vec<&Path> = rel
+        .ancestors()
+        .filter(|a| !a.as_os_str().is_empty())
+        .collect();
     up.reverse();
     up.into_iter()
         .find(|a| policy.output_match(a).is_some())

@@ -135,10 +135,12 @@ impl Operator for FsOperator {
         let Some(l) = &fs.ledger else {
             return Err("this mount has no ledger".into());
         };
-        let drafts = crate::ledger::ack_drafts(&fs.cfg.workspace, &req.paths, req.note.as_deref(), uid)?;
+        let drafts =
+            crate::ledger::ack_drafts(&fs.cfg.workspace, &req.paths, req.note.as_deref(), uid)?;
         let n = drafts.len();
         for d in drafts {
-            l.record(d).map_err(|e| format!("the ledger cannot be written: {e}"))?;
+            l.record(d)
+                .map_err(|e| format!("the ledger cannot be written: {e}"))?;
         }
         Ok(n)
     }

@@ -162,6 +162,7 @@ impl Fs {
             }
         }
         let before = sys::stat_fd(fd.as_fd())?;
+        let mut through_handle = false;
         if let Some(mode) = a.mode {
             if node.is_symlink() {
                 return err(libc::EOPNOTSUPP);
@@ -184,6 +185,9 @@ impl Fs {
                 .filter(|h| h.writable)
             {
                 Some(h) => {
+                    // The handle's WRITE at close records what it leaves, with the lines
+                    // changed since before its first change (its WRITE_BEGIN is on record).
+                    through_handle = true;
                     h.seq.lock().off();
                     h.file.set_len(size)?;
                     if caller.uid != 0 && a.mode.is_none() {
@@ -258,7 +262,8 @@ impl Fs {
             && before.st_mode == after.st_mode
             && before.st_uid == after.st_uid
             && before.st_gid == after.st_gid;
-        if mt != MutationType::Utimes && !noop {
+        let covered = mt == MutationType::Truncate && through_handle;
+        if mt != MutationType::Utimes && !noop && !covered {
             self.record(&ident, caller, mt, &rel, draft)?;
         }
         Ok(after)
@@ -329,7 +334,14 @@ impl Fs {
         let ident = self.authorize(caller, op, &rel, is_dir)?;
         let temp = super::temps::NEW_TEMP.with(|t| t.replace(false));
         let pfd = self.fd(&p)?;
-        self.check_git_layout(&ident, caller, op, pfd.as_fd(), rel.parent().unwrap_or(Path::new("")), name)?;
+        self.check_git_layout(
+            &ident,
+            caller,
+            op,
+            pfd.as_fd(),
+            rel.parent().unwrap_or(Path::new("")),
+            name,
+        )?;
         self.watch_dir_fd(&p, pfd.as_fd());
         {
             let _cred = sys::FsCred::switch(caller.uid, caller.gid);
@@ -455,7 +467,14 @@ impl Fs {
         self.authorize_as(&ident, caller, "link", &rel, false)?;
         let fd = self.fd(&node)?;
         let npfd = self.fd(&np)?;
-        self.check_git_layout(&ident, caller, "link", npfd.as_fd(), rel.parent().unwrap_or(Path::new("")), newname)?;
+        self.check_git_layout(
+            &ident,
+            caller,
+            "link",
+            npfd.as_fd(),
+            rel.parent().unwrap_or(Path::new("")),
+            newname,
+        )?;
         self.watch_dir_fd(&np, npfd.as_fd());
         sys::link_fd(self.proc_fd.as_fd(), fd.as_fd(), npfd.as_fd(), newname)?;
         let st = sys::stat_fd(fd.as_fd())?;
@@ -721,12 +740,24 @@ impl Fs {
         if !to_temp {
             self.authorize_as(&ident, caller, "rename", &to, src_dir)?;
         }
-        self.check_git_layout(&ident, caller, "rename", npfd.as_fd(), to.parent().unwrap_or(Path::new("")), newname)?;
+        self.check_git_layout(
+            &ident,
+            caller,
+            "rename",
+            npfd.as_fd(),
+            to.parent().unwrap_or(Path::new("")),
+            newname,
+        )?;
         if super::gitrefs::is_rebase_todo(&to) && !src_dir {
-            let text = sys::openat_mode(pfd.as_fd(), name, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC, 0)
-                .ok()
-                .and_then(|fd| super::hash::read_small(&std::fs::File::from(fd), 16 << 20))
-                .unwrap_or_default();
+            let text = sys::openat_mode(
+                pfd.as_fd(),
+                name,
+                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+                0,
+            )
+            .ok()
+            .and_then(|fd| super::hash::read_small(&std::fs::File::from(fd), 16 << 20))
+            .unwrap_or_default();
             if super::gitrefs::todo_runs_commands(&text) {
                 return Err(self.todo_denial(&ident, caller, &to));
             }
@@ -784,9 +815,16 @@ impl Fs {
                     && self.guard.rules().policy.output_match(&to).is_none() =>
             {
                 let small = |dir, n| {
-                    sys::openat_mode(dir, n, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC, 0)
-                        .ok()
-                        .and_then(|fd| super::hash::read_small(&std::fs::File::from(fd), super::stale::RANGE_LIMIT))
+                    sys::openat_mode(
+                        dir,
+                        n,
+                        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+                        0,
+                    )
+                    .ok()
+                    .and_then(|fd| {
+                        super::hash::read_small(&std::fs::File::from(fd), super::stale::RANGE_LIMIT)
+                    })
                 };
                 small(npfd.as_fd(), newname).zip(small(pfd.as_fd(), name))
             }
@@ -805,11 +843,16 @@ impl Fs {
         }
         let packed = (to == Path::new(".git/packed-refs") && !src_dir).then(|| {
             let text = |dir, n| {
-                sys::openat_mode(dir, n, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC, 0)
-                    .ok()
-                    .and_then(|fd| super::hash::read_small(&std::fs::File::from(fd), 64 << 20))
-                    .map(|b| String::from_utf8_lossy(&b).into_owned())
-                    .unwrap_or_default()
+                sys::openat_mode(
+                    dir,
+                    n,
+                    libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+                    0,
+                )
+                .ok()
+                .and_then(|fd| super::hash::read_small(&std::fs::File::from(fd), 64 << 20))
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default()
             };
             super::gitrefs::packed_changes(&text(npfd.as_fd(), newname), &text(pfd.as_fd(), name))
         });
@@ -821,6 +864,10 @@ impl Fs {
             self.record_ref(&ident, caller, &to, old, new)?;
         }
         for (r, old, new) in packed.into_iter().flatten() {
+            // `git pack-refs` copies loose refs in: the ref did not move.
+            if new.is_some() && self.loose_value(&to, &r) == new {
+                continue;
+            }
             self.record_ref_named(&ident, caller, &to, &r, old, new)?;
         }
         match (from_temp, to_temp) {
@@ -829,7 +876,9 @@ impl Fs {
                 self.temps.remove(&from);
                 self.temps.remove(&to);
             }
-            (false, true) => self.temps.add(&ident, caller, &to, src_dir, Some(from.clone())),
+            (false, true) => self
+                .temps
+                .add(&ident, caller, &to, src_dir, Some(from.clone())),
             (false, false) => self.temps.remove(&to),
         }
         if exchange {
@@ -1020,7 +1069,9 @@ impl Fs {
             disturbed: AtomicBool::new(false),
             token,
             begun: AtomicBool::new(truncates),
-            todo: write_rel.as_deref().is_some_and(super::gitrefs::is_rebase_todo),
+            todo: write_rel
+                .as_deref()
+                .is_some_and(super::gitrefs::is_rebase_todo),
         };
         let mut keep_cache = false;
         let mut passthrough = false;
@@ -1150,7 +1201,14 @@ impl Fs {
         let temp = super::temps::NEW_TEMP.with(|t| t.replace(false));
         let ident_intent = ident.intent();
         let pfd = self.fd(&p)?;
-        self.check_git_layout(&ident, caller, "create", pfd.as_fd(), rel.parent().unwrap_or(Path::new("")), name)?;
+        self.check_git_layout(
+            &ident,
+            caller,
+            "create",
+            pfd.as_fd(),
+            rel.parent().unwrap_or(Path::new("")),
+            name,
+        )?;
         self.watch_dir_fd(&p, pfd.as_fd());
         // A temporary is always a new file: never open an existing one as one.
         let flags = if temp { flags | libc::O_EXCL } else { flags };

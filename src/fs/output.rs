@@ -93,7 +93,8 @@ impl Bursts {
             let keys: Vec<_> = map
                 .iter()
                 .filter(|(_, b)| {
-                    all || now.duration_since(b.last) >= IDLE || now.duration_since(b.started) >= MAX_AGE
+                    all || now.duration_since(b.last) >= IDLE
+                        || now.duration_since(b.started) >= MAX_AGE
                 })
                 .map(|(k, _)| k.clone())
                 .collect();

@@ -204,7 +204,14 @@ impl Fs {
             if let Some(h) = hash_now() {
                 for (vrel, seen) in &views {
                     if let Some((pid, _)) = seen {
-                        ident.saw(vrel, *pid, Seen { stamp: now, hash: h });
+                        ident.saw(
+                            vrel,
+                            *pid,
+                            Seen {
+                                stamp: now,
+                                hash: h,
+                            },
+                        );
                     }
                 }
             }

@@ -95,7 +95,14 @@ impl Temps {
     }
 
     /// `rel` is now a temporary of `ident`, made by `caller`.
-    pub fn add(&self, ident: &Identity, caller: &Caller, rel: &Path, is_dir: bool, origin: Option<PathBuf>) {
+    pub fn add(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        rel: &Path,
+        is_dir: bool,
+        origin: Option<PathBuf>,
+    ) {
         let creator = process_of(caller.pid).unwrap_or((caller.pid, 0));
         self.map.lock().insert(
             rel.to_path_buf(),
@@ -120,11 +127,22 @@ impl Temps {
     /// A temporary moved to `to` (another free companion name).
     pub fn rename(&self, from: &Path, to: &Path) {
         let mut map = self.map.lock();
-        let moved: Vec<PathBuf> = map.keys().filter(|k| k.starts_with(from)).cloned().collect();
+        let moved: Vec<PathBuf> = map
+            .keys()
+            .filter(|k| k.starts_with(from))
+            .cloned()
+            .collect();
         for k in moved {
             if let Some(t) = map.remove(&k) {
                 let rest = k.strip_prefix(from).unwrap_or(Path::new(""));
-                map.insert(if rest.as_os_str().is_empty() { to.to_path_buf() } else { to.join(rest) }, t);
+                map.insert(
+                    if rest.as_os_str().is_empty() {
+                        to.to_path_buf()
+                    } else {
+                        to.join(rest)
+                    },
+                    t,
+                );
             }
         }
     }
@@ -169,7 +187,10 @@ impl Temps {
 
 /// The directory `rel`'s parent, opened one component at a time from `root` without
 /// following a symlink, and `rel`'s last name.
-fn open_parent<'a>(root: std::os::fd::BorrowedFd<'_>, rel: &'a Path) -> std::io::Result<(OwnedFd, &'a OsStr)> {
+fn open_parent<'a>(
+    root: std::os::fd::BorrowedFd<'_>,
+    rel: &'a Path,
+) -> std::io::Result<(OwnedFd, &'a OsStr)> {
     let comps: Vec<&OsStr> = rel
         .components()
         .map(|c| match c {
@@ -177,7 +198,9 @@ fn open_parent<'a>(root: std::os::fd::BorrowedFd<'_>, rel: &'a Path) -> std::io:
             _ => Err(std::io::Error::from_raw_os_error(libc::EINVAL)),
         })
         .collect::<Result<_, _>>()?;
-    let (last, dirs) = comps.split_last().ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    let (last, dirs) = comps
+        .split_last()
+        .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
     let mut dir = sys::open_path(root, OsStr::new("."))?;
     for d in dirs {
         let next = sys::open_path(dir.as_fd(), d)?;
@@ -221,21 +244,47 @@ impl Fs {
             return 0;
         }
         let due = self.temps.due(|key| self.ids.by_key(key).is_some());
-        let Ok(root) = self.fd(self.table.root()) else { return 0 };
+        let Ok(root) = self.fd(self.table.root()) else {
+            return 0;
+        };
         let mut n = 0;
         for (rel, t) in due {
-            let Ok((dir, name)) = open_parent(root.as_fd(), &rel) else { continue };
-            let Ok(st) = sys::stat_at(dir.as_fd(), name) else { continue };
-            let ident = self.ids.by_key(&t.identity).unwrap_or_else(|| self.ids.default_identity().clone());
-            let caller = Caller { uid: 0, gid: 0, pid: 0 };
+            let Ok((dir, name)) = open_parent(root.as_fd(), &rel) else {
+                continue;
+            };
+            let Ok(st) = sys::stat_at(dir.as_fd(), name) else {
+                continue;
+            };
+            let ident = self
+                .ids
+                .by_key(&t.identity)
+                .unwrap_or_else(|| self.ids.default_identity().clone());
+            let caller = Caller {
+                uid: 0,
+                gid: 0,
+                pid: 0,
+            };
             // A renamed-away in-scope file whose name is free again goes back there.
             if let Some(origin) = &t.origin {
                 if let Ok((odir, oname)) = open_parent(root.as_fd(), origin) {
                     if sys::stat_at(odir.as_fd(), oname).is_err()
-                        && sys::rename_at(dir.as_fd(), name, odir.as_fd(), oname, libc::RENAME_NOREPLACE).is_ok()
+                        && sys::rename_at(
+                            dir.as_fd(),
+                            name,
+                            odir.as_fd(),
+                            oname,
+                            libc::RENAME_NOREPLACE,
+                        )
+                        .is_ok()
                     {
                         n += 1;
-                        self.cleanup_entry(&ident, &caller, MutationType::Rename, origin, Some(&rel));
+                        self.cleanup_entry(
+                            &ident,
+                            &caller,
+                            MutationType::Rename,
+                            origin,
+                            Some(&rel),
+                        );
                         continue;
                     }
                 }
@@ -246,14 +295,25 @@ impl Fs {
                 if !is_dir && st.st_nlink <= 1 {
                     self.hashes.forget(st.st_dev, st.st_ino);
                 }
-                let mt = if is_dir { MutationType::Rmdir } else { MutationType::Delete };
+                let mt = if is_dir {
+                    MutationType::Rmdir
+                } else {
+                    MutationType::Delete
+                };
                 self.cleanup_entry(&ident, &caller, mt, &rel, None);
             }
         }
         n
     }
 
-    fn cleanup_entry(&self, ident: &Identity, caller: &Caller, mt: MutationType, rel: &Path, from: Option<&Path>) {
+    fn cleanup_entry(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        mt: MutationType,
+        rel: &Path,
+        from: Option<&Path>,
+    ) {
         tracing::info!(agent = %ident.name, path = %rel.display(), "a tool's temporary left behind: cleaned up ({mt:?})");
         let Some(l) = &self.ledger else { return };
         let draft = Draft {

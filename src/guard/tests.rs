@@ -176,7 +176,13 @@ fn sensitive_reads() {
         assert_eq!(d.code, Code::SensitiveRead, "{p}");
         assert!(d.rule.is_some(), "{p}: the rule that decided is quoted");
     }
-    for p in ["src/main.rs", "README.md", "environment.txt", "a/my_secret.txt", ".env.example"] {
+    for p in [
+        "src/main.rs",
+        "README.md",
+        "environment.txt",
+        "a/my_secret.txt",
+        ".env.example",
+    ] {
         assert!(
             deny.check_read(None, Path::new(p)).is_ok(),
             "{p} is not sensitive"

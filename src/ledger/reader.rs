@@ -441,6 +441,31 @@ fn unfinished_writes(entries: &[(u64, Entry)]) -> HashMap<PathBuf, UnfinishedWri
             open.clear();
             continue;
         }
+        // A file deleted after its handle began writing: nothing of it is left to explain;
+        // renamed, its begin goes with it.
+        if !outcome_failed(&e.outcome) {
+            if let Some(p) = e.path_buf() {
+                match e.mutation_type {
+                    MutationType::Delete | MutationType::Rmdir => {
+                        open.retain(|_, (q, _)| !q.starts_with(&p));
+                    }
+                    MutationType::Rename => {
+                        if let Some(from) = e.from_buf() {
+                            for (q, _) in open.values_mut() {
+                                if let Ok(rest) = q.strip_prefix(&from) {
+                                    *q = if rest.as_os_str().is_empty() {
+                                        p.clone()
+                                    } else {
+                                        p.join(rest)
+                                    };
+                                }
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
         let Some(t) = handle(e) else { continue };
         match e.mutation_type {
             MutationType::Create | MutationType::WriteBegin => {

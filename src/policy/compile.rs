@@ -54,12 +54,13 @@ pub const SENSITIVE_DEFAULTS: &[&str] = &[
 /// Templates of dotenv files, meant to be read: `.env.example`, `.env.sample`,
 /// `.env.template`.
 pub fn is_env_example(rel: &Path) -> bool {
-    rel.file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| {
-            let n = n.to_ascii_lowercase();
-            matches!(n.as_str(), ".env.example" | ".env.sample" | ".env.template" | ".env.dist")
-        })
+    rel.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+        let n = n.to_ascii_lowercase();
+        matches!(
+            n.as_str(),
+            ".env.example" | ".env.sample" | ".env.template" | ".env.dist"
+        )
+    })
 }
 
 /// What is wrong with a pattern, worded for [`super::PolicyError`].
@@ -528,12 +529,21 @@ mod tests {
             // Secrets by kind, not any name with a word in it.
             (b"SECRET.txt", None),
             (b"x/my_Credentials.json", None),
-            (b"x/Credentials.json", Some("sensitive default \"credentials.json\"")),
+            (
+                b"x/Credentials.json",
+                Some("sensitive default \"credentials.json\""),
+            ),
             (b"src/\xffsecret", None),
             (b"cargo-credential/src/secret.rs", None),
-            (b"u/.aws/credentials", Some("sensitive default \".aws/credentials\"")),
+            (
+                b"u/.aws/credentials",
+                Some("sensitive default \".aws/credentials\""),
+            ),
             (b"aws/credentials", None),
-            (b"u/.docker/config.json", Some("sensitive default \".docker/config.json\"")),
+            (
+                b"u/.docker/config.json",
+                Some("sensitive default \".docker/config.json\""),
+            ),
             (b"ks/app.PFX", Some("sensitive default \"*.pfx\"")),
             (b"src/main.rs", None),
             (b".envrc", None),

@@ -217,7 +217,8 @@ impl Intent {
         if !self.companion_dir(dir) || name.is_empty() {
             return false;
         }
-        let alnum = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_alphanumeric());
+        let alnum =
+            |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_alphanumeric());
         let generic = name.starts_with('.')
             || name.starts_with('#')
             || name.ends_with('~')
@@ -268,7 +269,8 @@ impl Intent {
 }
 
 /// What `<intent_context>` tells the agent to do when an operation is refused.
-pub const ON_REFUSAL: &str = "  <on_refusal>An operation refused with \"Permission denied\" (EACCES) or \
+pub const ON_REFUSAL: &str =
+    "  <on_refusal>An operation refused with \"Permission denied\" (EACCES) or \
 \"Operation not permitted\" was refused by intentfs: read .intentfs/last_error (JSON: code, path, \
 message, remedy) and follow its remedy instead of retrying.</on_refusal>\n";
 
@@ -672,7 +674,11 @@ fn build(raw: schema::RawPolicy, origin: &Path) -> Result<Policy, PolicyError> {
         let pattern = glob.value;
         let problem = |p: compile::GlobProblem| err(glob_pos, p.message, p.hint);
         let globs = compile::expand(&pattern, "output").map_err(problem)?;
-        let rule = format!("output {} (policy line {})", quote_verbatim(&pattern), glob_pos.0);
+        let rule = format!(
+            "output {} (policy line {})",
+            quote_verbatim(&pattern),
+            glob_pos.0
+        );
         output.add(&pattern, &globs, rule, false).map_err(problem)?;
     }
     let output = output.build().map_err(|p| err((0, 0), p.message, p.hint))?;

@@ -365,13 +365,16 @@ fn sensitive_defaults_and_extras() {
         ("DUMP.SQL", None),    // policy globs are case-sensitive as written
         ("deploy/server.key", Some("sensitive default \"*.key\"")),
         ("config/prod/.env", Some("sensitive default \".env\"")), // defaults are listed first
-        ("src/SECRET.txt", None), // code, not a secret by kind
+        ("src/SECRET.txt", None),                                 // code, not a secret by kind
         ("cargo-credential/src/secret.rs", None),
         ("docs/credential-provider-protocol.md", None),
         (".env.example", None),
         ("app/.env.sample", None),
         ("app/.env.production", Some("sensitive default \".env.*\"")),
-        ("home/.aws/credentials", Some("sensitive default \".aws/credentials\"")),
+        (
+            "home/.aws/credentials",
+            Some("sensitive default \".aws/credentials\""),
+        ),
         ("certs/store.p12", Some("sensitive default \"*.p12\"")),
         ("x/.npmrc", Some("sensitive default \".npmrc\"")),
         ("src/main.rs", None),
@@ -451,7 +454,10 @@ fn context_xml_matches_the_documented_shape() {
     let p = parse_ok(BASIC);
     let xml = p.intent("INT-001").expect("present").context_xml();
     // The refusal hint comes last, before the closing tag.
-    assert!(xml.ends_with(&format!("{}</intent_context>\n", super::ON_REFUSAL)), "{xml}");
+    assert!(
+        xml.ends_with(&format!("{}</intent_context>\n", super::ON_REFUSAL)),
+        "{xml}"
+    );
     assert!(super::ON_REFUSAL.contains(".intentfs/last_error"));
     assert_eq!(
         xml.replace(super::ON_REFUSAL, ""),
@@ -607,10 +613,16 @@ fn companion_and_implied_directories_follow_the_globs() {
     .unwrap();
     let a = p.intent("A").unwrap();
     for d in ["src/middleware", "", "crate/src", "crate/src/x", "docs"] {
-        assert!(a.companion_dir(Path::new(d)), "{d:?} should be a companion directory");
+        assert!(
+            a.companion_dir(Path::new(d)),
+            "{d:?} should be a companion directory"
+        );
     }
     for d in ["src", "crate", "src/auth", "docs/sub", "target/x", "other"] {
-        assert!(!a.companion_dir(Path::new(d)), "{d:?} should not be a companion directory");
+        assert!(
+            !a.companion_dir(Path::new(d)),
+            "{d:?} should not be a companion directory"
+        );
     }
     for d in ["crate", "crate/src", "src", "src/middleware", "target"] {
         assert!(a.implies_dir(Path::new(d)), "{d:?} should be implied");
@@ -630,18 +642,36 @@ fn temporary_names_are_what_tools_use_not_ordinary_files() {
     let a = p.intent("A").unwrap();
     let dir = Path::new("src/middleware");
     for n in [
-        "sedAb12Cd", "XXAb12Cd", "tmpab_12cd3", "4913", ".jwt.ts.swp", "jwt.ts~", "#jwt.ts#",
-        ".#jwt.ts", "jwt.ts.tmpc8756b4", "jwt.ts.bak", ".jwt.ts.Ab12Cd",
+        "sedAb12Cd",
+        "XXAb12Cd",
+        "tmpab_12cd3",
+        "4913",
+        ".jwt.ts.swp",
+        "jwt.ts~",
+        "#jwt.ts#",
+        ".#jwt.ts",
+        "jwt.ts.tmpc8756b4",
+        "jwt.ts.bak",
+        ".jwt.ts.Ab12Cd",
     ] {
         assert!(a.temp_name(dir, n), "{n} should pass for a temporary");
     }
     for n in ["other.ts", "index.ts", "Makefile", "jwt.ts", "sed", "jwt"] {
-        assert!(!a.temp_name(dir, n), "{n} is an ordinary file, not a temporary");
+        assert!(
+            !a.temp_name(dir, n),
+            "{n} is an ordinary file, not a temporary"
+        );
     }
-    assert!(a.temp_name(Path::new(""), "target7NaLVN"), "cargo's sibling of target/");
+    assert!(
+        a.temp_name(Path::new(""), "target7NaLVN"),
+        "cargo's sibling of target/"
+    );
     assert!(!a.temp_name(Path::new(""), "targetX"));
     assert!(!a.temp_name(Path::new(""), "Cargo.lock"));
     assert!(a.temp_name(Path::new("docs"), "index.md.tmp"));
     assert!(!a.temp_name(Path::new("docs"), "notes.txt"));
-    assert!(!a.temp_name(Path::new("src/auth"), "sedAb12Cd"), "not a companion directory");
+    assert!(
+        !a.temp_name(Path::new("src/auth"), "sedAb12Cd"),
+        "not a companion directory"
+    );
 }
