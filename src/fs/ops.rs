@@ -162,7 +162,7 @@ impl Fs {
             }
         }
         let before = sys::stat_fd(fd.as_fd())?;
-        let mut through_handle = false;
+        let mut through_handle = None;
         if let Some(mode) = a.mode {
             if node.is_symlink() {
                 return err(libc::EOPNOTSUPP);
@@ -186,8 +186,8 @@ impl Fs {
             {
                 Some(h) => {
                     // The handle's WRITE at close records what it leaves, with the lines
-                    // changed since before its first change (its WRITE_BEGIN is on record).
-                    through_handle = true;
+                    // changed since before its first change: the TRUNCATE entry says so.
+                    through_handle = Some(h.token.clone());
                     h.seq.lock().off();
                     h.file.set_len(size)?;
                     if caller.uid != 0 && a.mode.is_none() {
@@ -262,8 +262,10 @@ impl Fs {
             && before.st_mode == after.st_mode
             && before.st_uid == after.st_uid
             && before.st_gid == after.st_gid;
-        let covered = mt == MutationType::Truncate && through_handle;
-        if mt != MutationType::Utimes && !noop && !covered {
+        if let (MutationType::Truncate, Some(t)) = (mt, through_handle) {
+            draft.detail = Some(serde_json::json!({ "handle": t }));
+        }
+        if mt != MutationType::Utimes && !noop {
             self.record(&ident, caller, mt, &rel, draft)?;
         }
         Ok(after)
