@@ -169,8 +169,14 @@ fn validate(a: MountArgs) -> anyhow::Result<(Plan, runtime::RuntimeDir)> {
             a.mountpoint.display()
         )
     })?;
-    if !mountpoint.is_dir() {
-        bail!("mountpoint {} is not a directory", mountpoint.display());
+    match std::fs::metadata(&mountpoint) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => bail!(
+            "mountpoint {p} is a dead FUSE mount: its daemon is gone (killed, or crashed), and the \
+             mount was left behind\nhint: intentfs umount --lazy {p} (or umount -l {p}), then mount again",
+            p = mountpoint.display()
+        ),
+        Ok(m) if m.is_dir() => {}
+        _ => bail!("mountpoint {} is not a directory", mountpoint.display()),
     }
     if runtime::is_intentfs_mount(&mountpoint) {
         bail!(

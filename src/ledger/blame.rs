@@ -157,7 +157,8 @@ fn replay(entries: &[(u64, Entry)]) -> (HashMap<PathBuf, FileAttr>, Vec<Change>)
             }
             // A truncation through a write handle: the handle's WRITE (at close) records the
             // lines changed since before its first change, this one included.
-            MutationType::Truncate if e.detail.as_ref().is_some_and(|d| d.get("handle").is_some()) => {}
+            MutationType::Truncate
+                if e.detail.as_ref().is_some_and(|d| d.get("handle").is_some()) => {}
             MutationType::Write
             | MutationType::Truncate
             | MutationType::Mknod
