@@ -578,3 +578,51 @@ fn archives_and_copies_into_scope() {
     assert!(denials(&tm).is_empty(), "{:#?}", denials(&tm));
     ledger_verifies(&tm);
 }
+
+/// An identity is never stale against its own writes, however it made them: truncate then
+/// fill through a shared mapping and rename over (rust-lld), `fallocate`,
+/// `copy_file_range`, plain writes — after it read the file being replaced.
+#[test]
+fn own_writes_never_make_an_identity_stale() {
+    let tm = TestMount::builder()
+        .policy(ALLOW_ALL)
+        .files(&[("out/app", "old binary\n"), ("src.txt", "copied bytes\n")])
+        .mount();
+    let script = format!(
+        r#"{py} -c "
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+old = open('out/app', 'rb').read()
+# rust-lld: O_CREAT|O_EXCL temp, ftruncate, fill through MAP_SHARED (the same fd, no dup
+# whose close would flush), munmap, rename over.
+fd = os.open('out/app.tmp1234', os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o755)
+n = 1 << 20
+os.ftruncate(fd, n)
+p = libc.mmap(None, n, 3, 1, fd, 0)
+ctypes.memmove(p, b'new image', 9)
+ctypes.memset(p + 4096, 7, n - 4096)
+libc.munmap(p, n)
+os.rename('out/app.tmp1234', 'out/app')
+os.close(fd)
+# fallocate and copy_file_range on a file it read, then rename it over.
+open('out/b', 'w').write('b')
+open('out/b').read()
+fd = os.open('out/b', os.O_RDWR)
+os.posix_fallocate(fd, 0, 8192)
+src = os.open('src.txt', os.O_RDONLY)
+os.copy_file_range(src, fd, 13, 0, 0)
+os.close(fd)
+os.rename('out/b', 'out/app')
+print('own-writes-ok')
+""#,
+        py = python()
+    );
+    let out = agent_ok(&tm, "ALL", &script);
+    assert!(out.contains("own-writes-ok"), "{out}");
+    assert!(denials(&tm).is_empty(), "{:#?}", denials(&tm));
+    assert!(tm.ws_bytes("out/app").starts_with(b"copied bytes"));
+    ledger_verifies(&tm);
+}
