@@ -277,54 +277,45 @@ pub fn apply_write(
             )),
         });
     }
+    let refuse = |errno, message| {
+        Err(WriteError {
+            errno,
+            denial: Box::new(handshake_denial(ident, policy, text, message)),
+        })
+    };
     let to = if text.is_empty() {
         None
     } else {
         match policy.intent(text) {
             None => {
-                return Err(WriteError {
-                    errno: libc::EINVAL,
-                    denial: Box::new(handshake_denial(
-                        ident,
-                        policy,
-                        text,
-                        format!("{text:?} is not an intent of the policy"),
-                    )),
-                })
+                return refuse(
+                    libc::EINVAL,
+                    format!("{text:?} is not an intent of the policy"),
+                )
             }
             Some(it) if !it.selectable() => {
-                return Err(WriteError {
-                    errno: libc::EINVAL,
-                    denial: Box::new(handshake_denial(
-                        ident,
-                        policy,
-                        text,
-                        format!(
-                            "intent {text} is {}: only IN_PROGRESS intents can be selected{}",
-                            it.status.as_str(),
-                            if it.status.as_str() == "DONE" {
-                                " (this one is finished)"
-                            } else {
-                                " (a human paused this one)"
-                            }
-                        ),
-                    )),
-                })
+                return refuse(
+                    libc::EINVAL,
+                    format!(
+                        "intent {text} is {}: only IN_PROGRESS intents can be selected{}",
+                        it.status.as_str(),
+                        if it.status.as_str() == "DONE" {
+                            " (this one is finished)"
+                        } else {
+                            " (a human paused this one)"
+                        }
+                    ),
+                )
             }
             Some(_) if !ident.allowed.allows(text) => {
-                return Err(WriteError {
-                    errno: libc::EPERM,
-                    denial: Box::new(handshake_denial(
-                        ident,
-                        policy,
-                        text,
-                        format!(
-                            "{} may not select {text}: the operator allowed {}",
-                            ident.name,
-                            ident.allowed.describe()
-                        ),
-                    )),
-                })
+                return refuse(
+                    libc::EPERM,
+                    format!(
+                        "{} may not select {text}: the operator allowed {}",
+                        ident.name,
+                        ident.allowed.describe()
+                    ),
+                )
             }
             Some(_) => Some(text.to_string()),
         }

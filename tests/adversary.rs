@@ -95,6 +95,22 @@ fn markers(out: &[u8]) -> std::collections::HashMap<String, String> {
         .collect()
 }
 
+/// The agent `evil`, locked to INT-001, runs `script`: its output, its `key=value`
+/// markers, and both streams for messages.
+fn evil(
+    l: &Layout,
+    script: &str,
+) -> (
+    std::process::Output,
+    std::collections::HashMap<String, String>,
+    String,
+) {
+    let out = run_agent(l, &["--intent", "INT-001", "--agent", "evil"], script);
+    let m = markers(&out.stdout);
+    let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    (out, m, ctx)
+}
+
 fn ws_text(l: &Layout, rel: &str) -> String {
     std::fs::read_to_string(l.ws.join(rel)).unwrap_or_else(|e| panic!("ws/{rel}: {e}"))
 }
@@ -130,9 +146,7 @@ fn an_agent_cannot_widen_or_shed_its_identity() {
         echo "key=$(cut -f1 .intentfs/session)"
         echo "intent=$(cat .intentfs/intent)"
     "#;
-    let out = run_agent(&l, &["--intent", "INT-001", "--agent", "evil"], script);
-    let m = markers(&out.stdout);
-    let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    let (out, m, ctx) = evil(&l, script);
     assert!(out.status.success(), "{ctx}");
     for k in [
         "switch", "paused", "session", "direct", "setsid", "nohup", "dfork",
@@ -515,9 +529,7 @@ fn git_is_not_an_execution_channel() {
         "#,
         m = marker.display()
     );
-    let out = run_agent(&l, &["--intent", "INT-001", "--agent", "evil"], &script);
-    let m = markers(&out.stdout);
-    let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    let (_, m, ctx) = evil(&l, &script);
     assert_eq!(
         m["payload"], "0",
         "the agent may build files in its scope: {ctx}"
@@ -929,9 +941,7 @@ os.copy_file_range(src, dst, 5)
 " 2>/dev/null; echo copy_range=$?
         "#
     );
-    let out = run_agent(&l, &["--intent", "INT-001", "--agent", "evil"], &script);
-    let m = markers(&out.stdout);
-    let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    let (_, m, ctx) = evil(&l, &script);
     for k in [
         "symlink_write",
         "hardlink",
@@ -1129,9 +1139,7 @@ fn a_bare_repository_layout_is_not_an_execution_channel() {
         "#,
         m = marker.display()
     );
-    let out = run_agent(&l, &["--intent", "INT-001", "--agent", "evil"], &script);
-    let m = markers(&out.stdout);
-    let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    let (_, m, ctx) = evil(&l, &script);
     assert_eq!(m["dirs"], "0", "{ctx}");
     assert_ne!(m["head"], "0", "the layout was completed: {ctx}");
     assert_ne!(m["mirror_config"], "0", "{ctx}");
@@ -1163,9 +1171,7 @@ fn a_rebase_todo_cannot_run_commands() {
         "#,
         m = marker.display()
     );
-    let out = run_agent(&l, &["--intent", "INT-001", "--agent", "evil"], &script);
-    let m = markers(&out.stdout);
-    let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    let (_, m, ctx) = evil(&l, &script);
     assert_ne!(m["todo"], "0", "{ctx}");
     assert_ne!(m["todo_rename"], "0", "{ctx}");
     let todo =
@@ -1206,9 +1212,7 @@ fn commits_stay_in_scope_and_every_ref_move_is_on_record() {
         sed "s/^$C refs\/heads\/master$/$P refs\/heads\/master/" .git/packed-refs > .git/pr.tmp && mv .git/pr.tmp .git/packed-refs; echo repack=$?
         git rev-parse master
     "#;
-    let out = run_agent(&l, &["--intent", "INT-001", "--agent", "evil"], script);
-    let m = markers(&out.stdout);
-    let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    let (_, m, ctx) = evil(&l, script);
     assert_ne!(m["commit"], "0", "{ctx}");
     assert_eq!(m["fine"], "0", "{ctx}");
     let log = ok(
@@ -1348,9 +1352,7 @@ except OSError as e:
     print('late=%d' % e.errno)
 ""#
     );
-    let out = run_agent(&l, &["--intent", "INT-001", "--agent", "evil"], &script);
-    let m = markers(&out.stdout);
-    let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    let (_, m, ctx) = evil(&l, &script);
     assert_ne!(m["rdwr"], "0", "{ctx}");
     assert!(!ctx.contains("PRIVATE KEY"), "{ctx}");
     assert_ne!(m["late"], "0", "{ctx}");

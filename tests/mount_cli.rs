@@ -5,7 +5,7 @@ mod common;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::*;
@@ -43,28 +43,7 @@ fn dirs(policy: Option<&str>) -> Dirs {
 fn mount_cmd(extra: &[&str], ws: &Path, mnt: &Path) -> Output {
     let mut c = intentfs();
     c.arg("mount").args(extra).arg(ws).arg(mnt);
-    run_with_timeout(c, Duration::from_secs(20))
-}
-
-fn run_with_timeout(mut c: Command, t: Duration) -> Output {
-    let child = c
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id() as i32;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(t) {
-        Ok(o) => o.unwrap(),
-        Err(_) => {
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("command did not finish within {t:?}");
-        }
-    }
+    run_timeout(c, Duration::from_secs(20))
 }
 
 /// A refused mount: non-zero exit, the message contains every `needles`, nothing mounted.
@@ -395,7 +374,7 @@ fn custom_policy_outside_workspace() {
     c.args(["mount", "--policy", &pol_s, "--intent", "INT-002"])
         .arg(&d.ws)
         .arg(&d.mnt);
-    let out = run_with_timeout(c, Duration::from_secs(20));
+    let out = run_timeout(c, Duration::from_secs(20));
     assert!(
         out.status.success(),
         "{}",

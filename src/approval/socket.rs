@@ -363,33 +363,27 @@ fn handle(inner: &Inner, req: Request, pid: u32, uid: u32) -> Response {
             )),
             None => Response::err("this mount has no circuit breaker to reset"),
         },
-        Request::Register(r) => {
-            let Some(op) = inner.operator.read().clone() else {
-                return Response::err("the mount is still starting: try again in a moment");
-            };
-            match op.register(pid, r) {
-                Ok(reg) => Response { ok: true, registered: Some(reg), ..Default::default() },
-                Err(e) => Response::err(e),
-            }
-        }
-        Request::Lesson(l) => {
-            let Some(op) = inner.operator.read().clone() else {
-                return Response::err("the mount is still starting: try again in a moment");
-            };
-            match op.lesson(l) {
-                Ok(file) => Response { ok: true, file: Some(file), ..Default::default() },
-                Err(e) => Response::err(e),
-            }
-        }
-        Request::Ack(r) => {
-            let Some(op) = inner.operator.read().clone() else {
-                return Response::err("the mount is still starting: try again in a moment");
-            };
-            match op.ack(uid, r) {
-                Ok(n) => Response { ok: true, acked: Some(n), ..Default::default() },
-                Err(e) => Response::err(e),
-            }
-        }
+        Request::Register(r) => with_operator(inner, |op| {
+            op.register(pid, r).map(|reg| Response {
+                ok: true,
+                registered: Some(reg),
+                ..Default::default()
+            })
+        }),
+        Request::Lesson(l) => with_operator(inner, |op| {
+            op.lesson(l).map(|file| Response {
+                ok: true,
+                file: Some(file),
+                ..Default::default()
+            })
+        }),
+        Request::Ack(r) => with_operator(inner, |op| {
+            op.ack(uid, r).map(|n| Response {
+                ok: true,
+                acked: Some(n),
+                ..Default::default()
+            })
+        }),
         Request::Unmount => {
             tracing::info!(uid, "approval socket: unmount requested");
             // The daemon's signal thread does the unmount (see `cli::mount::serve`).
@@ -404,6 +398,18 @@ fn handle(inner: &Inner, req: Request, pid: u32, uid: u32) -> Response {
             }
         }
     }
+}
+
+/// Serve a request of the operator's (identities, lessons, acknowledgements) with the
+/// filesystem's handler, once it is installed.
+fn with_operator(
+    inner: &Inner,
+    f: impl FnOnce(&dyn super::Operator) -> Result<Response, String>,
+) -> Response {
+    let Some(op) = inner.operator.read().clone() else {
+        return Response::err("the mount is still starting: try again in a moment");
+    };
+    f(op.as_ref()).unwrap_or_else(Response::err)
 }
 
 #[cfg(test)]

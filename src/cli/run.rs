@@ -347,7 +347,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     let pid = child.id() as i32;
     let win_fd = master_winsize
         .as_ref()
-        .map(|f| std::os::fd::AsRawFd::as_raw_fd(f));
+        .map(std::os::fd::AsRawFd::as_raw_fd);
     std::thread::spawn(move || {
         let _keep = master_winsize;
         loop {

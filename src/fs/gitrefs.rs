@@ -87,42 +87,35 @@ impl Fs {
             .then(|| self.cfg.workspace.join(".git"))
     }
 
-    /// The value `packed-refs` of the repository holding `rel` gives ref `name`.
-    pub(crate) fn packed_value(&self, rel: &Path, name: &str) -> Option<String> {
+    /// A small file of the workspace's repository (`packed-refs`, a loose ref), read
+    /// without following a symlink or blocking on a FIFO.
+    fn read_git_file(&self, rel: &Path, name: &str, limit: u64) -> Option<String> {
         use std::os::unix::fs::OpenOptionsExt;
         let gitdir = self.root_gitdir(rel)?;
         let f = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(gitdir.join("packed-refs"))
+            .open(gitdir.join(name))
             .ok()?;
-        let bytes = super::hash::read_small(&f, 64 << 20)?;
-        parse_packed(&String::from_utf8_lossy(&bytes)).remove(name)
+        let bytes = super::hash::read_small(&f, limit)?;
+        Some(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// The value `packed-refs` of the repository holding `rel` gives ref `name`.
+    pub(crate) fn packed_value(&self, rel: &Path, name: &str) -> Option<String> {
+        parse_packed(&self.read_git_file(rel, "packed-refs", 64 << 20)?).remove(name)
     }
 
     /// The value of the loose ref `name` of the repository holding `rel`, if it has one.
     pub(crate) fn loose_value(&self, rel: &Path, name: &str) -> Option<String> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let gitdir = self.root_gitdir(rel)?;
         if name
             .split('/')
             .any(|c| c.is_empty() || c == ".." || c == ".")
         {
             return None;
         }
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(gitdir.join(name))
-            .ok()?;
-        let bytes = super::hash::read_small(&f, 4096)?;
-        Some(
-            String::from_utf8_lossy(&bytes)
-                .lines()
-                .next()?
-                .trim()
-                .to_string(),
-        )
+        let text = self.read_git_file(rel, name, 4096)?;
+        Some(text.lines().next()?.trim().to_string())
     }
 
     /// Refuse a ref of the workspace's repository moving to `new` when a commit it brings
@@ -208,36 +201,6 @@ impl Fs {
             }
         }
         Ok(commits.len())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn packed_refs_changes_are_found() {
-        let a = "# pack-refs with: peeled fully-peeled sorted\n\
-                 1111111111111111111111111111111111111111 refs/heads/main\n\
-                 2222222222222222222222222222222222222222 refs/tags/v1\n\
-                 ^3333333333333333333333333333333333333333\n";
-        let b = "# pack-refs with: peeled fully-peeled sorted\n\
-                 4444444444444444444444444444444444444444 refs/heads/main\n\
-                 5555555555555555555555555555555555555555 refs/heads/new\n";
-        let mut c = packed_changes(a, b);
-        c.sort();
-        assert_eq!(
-            c,
-            vec![
-                (
-                    "refs/heads/main".into(),
-                    Some("1".repeat(40)),
-                    Some("4".repeat(40))
-                ),
-                ("refs/heads/new".into(), None, Some("5".repeat(40))),
-                ("refs/tags/v1".into(), Some("2".repeat(40)), None),
-            ]
-        );
     }
 }
 
@@ -409,5 +372,35 @@ fn show_dir(p: &Path) -> String {
         "the workspace root".into()
     } else {
         p.display().to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_refs_changes_are_found() {
+        let a = "# pack-refs with: peeled fully-peeled sorted\n\
+                 1111111111111111111111111111111111111111 refs/heads/main\n\
+                 2222222222222222222222222222222222222222 refs/tags/v1\n\
+                 ^3333333333333333333333333333333333333333\n";
+        let b = "# pack-refs with: peeled fully-peeled sorted\n\
+                 4444444444444444444444444444444444444444 refs/heads/main\n\
+                 5555555555555555555555555555555555555555 refs/heads/new\n";
+        let mut c = packed_changes(a, b);
+        c.sort();
+        assert_eq!(
+            c,
+            vec![
+                (
+                    "refs/heads/main".into(),
+                    Some("1".repeat(40)),
+                    Some("4".repeat(40))
+                ),
+                ("refs/heads/new".into(), None, Some("5".repeat(40))),
+                ("refs/tags/v1".into(), Some("2".repeat(40)), None),
+            ]
+        );
     }
 }

@@ -126,25 +126,7 @@ impl Temps {
 
     /// A temporary moved to `to` (another free companion name).
     pub fn rename(&self, from: &Path, to: &Path) {
-        let mut map = self.map.lock();
-        let moved: Vec<PathBuf> = map
-            .keys()
-            .filter(|k| k.starts_with(from))
-            .cloned()
-            .collect();
-        for k in moved {
-            if let Some(t) = map.remove(&k) {
-                let rest = k.strip_prefix(from).unwrap_or(Path::new(""));
-                map.insert(
-                    if rest.as_os_str().is_empty() {
-                        to.to_path_buf()
-                    } else {
-                        to.join(rest)
-                    },
-                    t,
-                );
-            }
-        }
+        crate::ledger::reader::rekey(&mut self.map.lock(), from, to);
     }
 
     /// How many temporaries there are (for `status`).

@@ -90,6 +90,22 @@ struct FileAttr {
     versions: Vec<usize>,
 }
 
+impl FileAttr {
+    /// The lines in `ranges` were last changed by change `idx`.
+    fn mark(&mut self, ranges: &[super::LineRange], idx: usize) {
+        for r in ranges {
+            let (s, end) = (r.start_line.max(1) as usize, r.end_line as usize);
+            if end < s {
+                continue;
+            }
+            if self.lines.len() < end {
+                self.lines.resize(end, None);
+            }
+            self.lines[s - 1..end].fill(Some(idx));
+        }
+    }
+}
+
 fn change_of(e: &Entry) -> Change {
     Change {
         intent_id: e.intent_id.clone(),
@@ -137,16 +153,7 @@ fn replay(entries: &[(u64, Entry)]) -> (HashMap<PathBuf, FileAttr>, Vec<Change>)
                     let idx = changes.len();
                     changes.push(change_of(e));
                     attr.versions.push(idx);
-                    for r in ranges {
-                        let (s, end) = (r.start_line.max(1) as usize, r.end_line as usize);
-                        if end < s {
-                            continue;
-                        }
-                        if attr.lines.len() < end {
-                            attr.lines.resize(end, None);
-                        }
-                        attr.lines[s - 1..end].fill(Some(idx));
-                    }
+                    attr.mark(ranges, idx);
                     files.insert(path.clone(), attr);
                 }
             }
@@ -174,18 +181,7 @@ fn replay(entries: &[(u64, Entry)]) -> (HashMap<PathBuf, FileAttr>, Vec<Change>)
                 }
                 attr.versions.push(idx);
                 match &e.ranges {
-                    Some(ranges) => {
-                        for r in ranges {
-                            let (s, end) = (r.start_line.max(1) as usize, r.end_line as usize);
-                            if end < s {
-                                continue;
-                            }
-                            if attr.lines.len() < end {
-                                attr.lines.resize(end, None);
-                            }
-                            attr.lines[s - 1..end].fill(Some(idx));
-                        }
-                    }
+                    Some(ranges) => attr.mark(ranges, idx),
                     None => {
                         attr.lines.clear();
                         attr.unranged = Some(idx);

@@ -52,29 +52,6 @@ pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// Run with a timeout (so a hung mount cannot hang the suite).
-pub fn run_timeout(mut c: Command, t: Duration) -> Output {
-    let child = c
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawning {c:?}: {e}"));
-    let pid = child.id() as i32;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(t) {
-        Ok(o) => o.unwrap(),
-        Err(_) => {
-            // SAFETY: killing our own child.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("{c:?} did not finish within {t:?}");
-        }
-    }
-}
-
 /// The layout the docs recommend: the workspace under a directory only its owner (root)
 /// can enter, the mountpoint where other uids can reach it.
 ///
@@ -164,12 +141,7 @@ impl Layout {
         what: &str,
         f: impl Fn(&serde_json::Value) -> bool,
     ) -> serde_json::Value {
-        let mut found = None;
-        wait_until(Duration::from_secs(5), || {
-            found = self.ledger().into_iter().find(|e| f(e));
-            found.is_some()
-        });
-        found.unwrap_or_else(|| panic!("no ledger entry {what}; ledger: {:#?}", self.ledger()))
+        wait_ledger_in(&self.ws.join(LEDGER_REL), what, f)
     }
 }
 

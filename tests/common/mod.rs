@@ -527,12 +527,7 @@ impl TestMount {
         what: &str,
         f: impl Fn(&serde_json::Value) -> bool,
     ) -> serde_json::Value {
-        let mut found = None;
-        wait_until(Duration::from_secs(5), || {
-            found = self.ledger().into_iter().find(|e| f(e));
-            found.is_some()
-        });
-        found.unwrap_or_else(|| panic!("no ledger entry {what}; ledger: {:#?}", self.ledger()))
+        wait_ledger_in(&self.w(LEDGER_REL), what, f)
     }
 
     /// Check that `res` failed with EACCES and that a *new* denial with `code` was recorded
@@ -590,6 +585,44 @@ impl TestMount {
 impl Drop for TestMount {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Wait (5 s at most) until an entry of the ledger at `path` satisfies `f` (some entries
+/// are written asynchronously): that entry, or a panic naming `what`.
+pub fn wait_ledger_in(
+    path: &Path,
+    what: &str,
+    f: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let mut found = None;
+    wait_until(Duration::from_secs(5), || {
+        found = read_ledger(path).into_iter().find(|e| f(e));
+        found.is_some()
+    });
+    found.unwrap_or_else(|| panic!("no ledger entry {what}; ledger: {:#?}", read_ledger(path)))
+}
+
+/// Run with a timeout (so a hung mount cannot hang the suite).
+pub fn run_timeout(mut c: Command, t: Duration) -> Output {
+    let child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {c:?}: {e}"));
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(t) {
+        Ok(o) => o.unwrap(),
+        Err(_) => {
+            // SAFETY: killing our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("{c:?} did not finish within {t:?}");
+        }
     }
 }
 
