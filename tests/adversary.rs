@@ -1361,3 +1361,29 @@ except OSError as e:
         "export const session = 1;\n"
     );
 }
+
+/// A tool's temporary next to an in-scope file is allowed only under names tools use:
+/// hidden configuration that the human's tools would read meanwhile (`.npmrc`,
+/// `.cargo/config.toml`, `.envrc`) is not a temporary; `sed -i` of the in-scope file works.
+#[test]
+fn temporaries_are_not_a_way_to_plant_configuration() {
+    let Some(l) = layout() else { return };
+    let _m = l.mount_env(MOUNT, &[]);
+    let out = run_agent(
+        &l,
+        &["--intent", "INT-002", "--agent", "evil"],
+        "echo 'script-shell=/tmp/x' > .npmrc; echo npmrc=$?; mkdir .cargo; echo cargo=$?; \
+         echo 'export X=1' > .envrc; echo envrc=$?; echo x > notes.txt; echo notes=$?; \
+         cat README.md >/dev/null; sed -i 's/Project/Project!/' README.md; echo sed=$?; ls -a",
+    );
+    let m = markers(&out.stdout);
+    let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    for k in ["npmrc", "cargo", "envrc", "notes"] {
+        assert_ne!(m[k], "0", "{k}: {ctx}");
+    }
+    assert_eq!(m["sed"], "0", "{ctx}");
+    assert_eq!(ws_text(&l, "README.md"), "# Project!\n");
+    for p in [".npmrc", ".cargo", ".envrc", "notes.txt"] {
+        assert!(!l.ws.join(p).exists(), "{p}");
+    }
+}

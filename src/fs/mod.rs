@@ -580,7 +580,7 @@ impl Fs {
         }
         let parent = rel.parent().unwrap_or(Path::new(""));
         let name = rel.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if it.temp_name(parent, name) || self.temps.covers(&ident.key, parent) {
+        if it.temp_name(parent, name, op == "mkdir") || self.temps.covers(&ident.key, parent) {
             temps::NEW_TEMP.with(|t| t.set(true));
             return true;
         }
@@ -614,7 +614,7 @@ impl Fs {
         };
         let parent = to.parent().unwrap_or(Path::new(""));
         let name = to.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        it.temp_name(parent, name) || self.temps.covers(&ident.key, parent)
+        it.temp_name(parent, name, is_dir) || self.temps.covers(&ident.key, parent)
     }
 
     /// The breaker tripped: say so loudly (log, ledger, and the human channel).

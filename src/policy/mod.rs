@@ -209,35 +209,35 @@ impl Intent {
 
     /// Whether a new entry `name` in `dir` may be a tool's temporary for this intent: `dir`
     /// is a companion directory, and the name is one tools give temporaries — derived from
-    /// an in-scope name there (`main.rs.bak`, `hello.tmpc8756b4`, `target7NaLVN` for
-    /// `target/`), hidden or backup-like (`.name.swp`, `name~`, `#name#`), or a random
-    /// temporary name (`sedAb12Cd`, perl's `XXAb12Cd`, Python's `tmpab_12cd3`, vim's `4913`).
-    /// An ordinary name (`other.ts`) is not: it would be a new file outside the scope.
-    pub fn temp_name(&self, dir: &Path, name: &str) -> bool {
+    /// an in-scope name there (`main.rs.bak`, `hello.tmpc8756b4`, `.jwt.ts.swp`, `#x#`,
+    /// `x~`, `target7NaLVN` for `target/`), or, for a file, a random temporary name
+    /// (`sedAb12Cd`, perl's `XXAb12Cd`, Python's `tmpab_12cd3`, vim's `4913`). An ordinary
+    /// name (`other.ts`) is not, nor any other hidden name: `.npmrc`, `.cargo/` or `.envrc`
+    /// next to the scope would be read by the human's tools while they exist.
+    pub fn temp_name(&self, dir: &Path, name: &str, is_dir: bool) -> bool {
         if !self.companion_dir(dir) || name.is_empty() {
             return false;
         }
-        let alnum =
-            |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_alphanumeric());
-        let generic = name.starts_with('.')
-            || name.starts_with('#')
-            || name.ends_with('~')
-            || name.ends_with('#')
-            || name.bytes().all(|b| b.is_ascii_digit())
-            || name.strip_prefix("sed").is_some_and(|r| alnum(r, 6))
-            || name.strip_prefix("XX").is_some_and(|r| alnum(r, 6))
-            || name.strip_prefix("tmp").is_some_and(|r| {
-                r.len() >= 6 && r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-            });
-        if generic {
+        let alnum = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_alphanumeric());
+        let random = !is_dir
+            && (name.bytes().all(|b| b.is_ascii_digit())
+                || name.strip_prefix("sed").is_some_and(|r| alnum(r, 6))
+                || name.strip_prefix("XX").is_some_and(|r| alnum(r, 6))
+                || name.strip_prefix("tmp").is_some_and(|r| {
+                    r.len() >= 6 && r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                }));
+        if random {
             return true;
         }
         let in_scope = |n: &str| !n.is_empty() && self.scope_match(&dir.join(n)).is_some();
-        // `<in-scope name>` followed by a suffix: `.bak`, `.tmpXXXX`, `.12345`, `~`…
-        let derived = name
+        // `<in-scope name>` with a suffix (`.bak`, `.tmpXXXX`, `.12345`, `~`, `#`), and a
+        // prefix (`.`, `#`, `.#`): editors' swap, backup and lock files.
+        let core = name.trim_start_matches(['.', '#']);
+        let derived = core
             .char_indices()
-            .filter(|(i, c)| *i > 0 && matches!(c, '.' | '~' | '-'))
-            .any(|(i, _)| in_scope(&name[..i]));
+            .filter(|(i, c)| *i > 0 && matches!(c, '.' | '~' | '-' | '#'))
+            .any(|(i, _)| in_scope(&core[..i]))
+            || (core != name && in_scope(core.trim_end_matches('#')));
         // `<in-scope directory><6 random>`: a sibling made to be renamed onto it.
         let sibling = name.len() > 6
             && name.is_char_boundary(name.len() - 6)
