@@ -94,7 +94,7 @@ pub enum Decision {
 pub struct Ask {
     /// Why it asks.
     pub kind: AskKind,
-    /// The identity key: `default` or `session:<sid>`.
+    /// The identity key: `default` or `run:<pid>`.
     pub identity: String,
     /// The agent name the identity was given (`--agent`).
     pub agent: String,

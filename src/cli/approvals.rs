@@ -1,7 +1,7 @@
 //! `intentfs approvals`, `approve`, `reject`, `reset`: the CLI channel of the approval broker.
 //!
 //! These talk to the mount's daemon over its approval socket
-//! (`runtime::dir_for(MOUNTPOINT)/approvals.sock`, outside the workspace and the mount),
+//! (`runtime::dir_for(MOUNTPOINT)/control.sock`, outside the workspace and the mount),
 //! which serves only the mount's owner and root.
 
 use std::io::Write;
@@ -57,7 +57,7 @@ pub struct RejectArgs {
 /// `intentfs reset IDENTITY [--mount MP]`
 #[derive(clap::Args, Debug)]
 pub struct ResetArgs {
-    /// The identity whose circuit breaker tripped: `default` or `session:<sid>`.
+    /// The identity whose circuit breaker tripped: `default` or `run:<pid>`.
     pub identity: String,
     /// The intentfs mount [default: the one containing the current directory].
     #[arg(long = "mount", value_name = "MOUNTPOINT")]

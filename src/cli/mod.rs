@@ -32,7 +32,7 @@ use clap::{Parser, Subcommand};
   intentfs demo                          # demo workspace mounted at /tmp/intentfs-demo/mnt
   intentfs mount --intent INT-001 ./project /mnt/agent
   cat /mnt/agent/.intentfs/context       # the intent, ready for the agent's prompt
-  intentfs run --mount /mnt/agent --intent INT-002 --agent docs -- CMD...
+  intentfs run --mount /mnt/agent --intent INT-002 --agent docs --user agent -- CMD...
   intentfs log ./project                 # what changed, by which intent and agent
   intentfs ledger verify ./project       # chain intact? edits made outside the mount?
   intentfs umount /mnt/agent"
@@ -49,7 +49,7 @@ enum Command {
     /// Unmount an intentfs mount (plain `umount` works too).
     #[command(alias = "unmount")]
     Umount(umount::UmountArgs),
-    /// Run a command as its own agent identity with an intent selected.
+    /// Grant a command an agent identity of its own (as the operator) and run it in it.
     Run(run::RunArgs),
     /// Validate a policy file and print its intents.
     CheckPolicy(check_policy::CheckPolicyArgs),

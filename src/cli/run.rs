@@ -345,9 +345,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     // process alone (kill from a supervisor) is passed on. In a session of its own, every
     // one is; a new terminal size goes to its pseudo-terminal.
     let pid = child.id() as i32;
-    let win_fd = master_winsize
-        .as_ref()
-        .map(std::os::fd::AsRawFd::as_raw_fd);
+    let win_fd = master_winsize.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
     std::thread::spawn(move || {
         let _keep = master_winsize;
         loop {

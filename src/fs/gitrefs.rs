@@ -146,27 +146,17 @@ impl Fs {
             let parents =
                 git(&gitdir, &["rev-list", "--parents", "-n", "1", c]).unwrap_or_default();
             let merge = parents.split_whitespace().count() > 2;
-            let args: Vec<&str> = if merge {
-                vec![
-                    "diff-tree",
-                    "-r",
-                    "--no-commit-id",
-                    "--name-only",
-                    "-z",
-                    "--cc",
-                    c,
-                ]
-            } else {
-                vec![
-                    "diff-tree",
-                    "-r",
-                    "--no-commit-id",
-                    "--name-only",
-                    "-z",
-                    "--root",
-                    c,
-                ]
-            };
+            // A merge: what differs from every parent (`--cc`); else against its parent.
+            let how = if merge { "--cc" } else { "--root" };
+            let args = [
+                "diff-tree",
+                "-r",
+                "--no-commit-id",
+                "--name-only",
+                "-z",
+                how,
+                c,
+            ];
             let Some(paths) = git(&gitdir, &args) else {
                 continue;
             };

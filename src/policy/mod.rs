@@ -218,7 +218,8 @@ impl Intent {
         if !self.companion_dir(dir) || name.is_empty() {
             return false;
         }
-        let alnum = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_alphanumeric());
+        let alnum =
+            |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_alphanumeric());
         let random = !is_dir
             && (name.bytes().all(|b| b.is_ascii_digit())
                 || name.strip_prefix("sed").is_some_and(|r| alnum(r, 6))

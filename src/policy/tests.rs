@@ -642,21 +642,44 @@ fn temporary_names_are_what_tools_use_not_ordinary_files() {
     let a = p.intent("A").unwrap();
     let dir = Path::new("src/middleware");
     for n in [
-        "sedAb12Cd", "XXAb12Cd", "tmpab_12cd3", "4913", ".jwt.ts.swp", "jwt.ts~", "#jwt.ts#",
-        ".#jwt.ts", "jwt.ts.tmpc8756b4", "jwt.ts.bak", ".jwt.ts.Ab12Cd",
+        "sedAb12Cd",
+        "XXAb12Cd",
+        "tmpab_12cd3",
+        "4913",
+        ".jwt.ts.swp",
+        "jwt.ts~",
+        "#jwt.ts#",
+        ".#jwt.ts",
+        "jwt.ts.tmpc8756b4",
+        "jwt.ts.bak",
+        ".jwt.ts.Ab12Cd",
     ] {
-        assert!(a.temp_name(dir, n, false), "{n} should pass for a temporary");
+        assert!(
+            a.temp_name(dir, n, false),
+            "{n} should pass for a temporary"
+        );
     }
-    for n in ["other.ts", "index.ts", "Makefile", "jwt.ts", "sed", "jwt", ".npmrc", ".envrc", "x~", "#x#"] {
-        assert!(!a.temp_name(dir, n, false), "{n} is an ordinary file, not a temporary");
+    for n in [
+        "other.ts", "index.ts", "Makefile", "jwt.ts", "sed", "jwt", ".npmrc", ".envrc", "x~", "#x#",
+    ] {
+        assert!(
+            !a.temp_name(dir, n, false),
+            "{n} is an ordinary file, not a temporary"
+        );
     }
     // Directories: only a sibling of an in-scope directory, or a name derived from one.
-    assert!(a.temp_name(Path::new(""), "target7NaLVN", true), "cargo's sibling of target/");
+    assert!(
+        a.temp_name(Path::new(""), "target7NaLVN", true),
+        "cargo's sibling of target/"
+    );
     assert!(!a.temp_name(Path::new(""), ".cargo", true));
     assert!(!a.temp_name(dir, "tmpab_12cd3", true));
     assert!(!a.temp_name(Path::new(""), "targetX", false));
     assert!(!a.temp_name(Path::new(""), "Cargo.lock", false));
     assert!(a.temp_name(Path::new("docs"), "index.md.tmp", false));
     assert!(!a.temp_name(Path::new("docs"), "notes.txt", false));
-    assert!(!a.temp_name(Path::new("src/auth"), "sedAb12Cd", false), "not a companion directory");
+    assert!(
+        !a.temp_name(Path::new("src/auth"), "sedAb12Cd", false),
+        "not a companion directory"
+    );
 }

@@ -113,23 +113,10 @@ impl Layout {
         }
     }
 
-    /// `intentfs mount ARGS... WS MNT` (daemonized: returns once the mount serves).
+    /// `intentfs mount ARGS... WS MNT` (daemonized: returns once the mount serves), and
+    /// what it said.
     pub fn mount(&self, args: &[&str]) -> (Mount, Output) {
-        let mut c = intentfs();
-        c.arg("mount")
-            .args(args)
-            .arg("--log")
-            .arg(self.root.join("daemon.log"))
-            .arg(&self.ws)
-            .arg(&self.mnt);
-        let out = run_timeout(c, Duration::from_secs(20));
-        assert!(
-            out.status.success(),
-            "intentfs mount {args:?} failed: {}{}",
-            text(&out.stderr),
-            std::fs::read_to_string(self.root.join("daemon.log")).unwrap_or_default()
-        );
-        (Mount::new(&self.mnt), out)
+        self.mount_with(args, &[])
     }
 
     pub fn ledger(&self) -> Vec<serde_json::Value> {
@@ -191,6 +178,10 @@ impl Drop for Mount {
 impl Layout {
     /// `intentfs mount ARGS... WS MNT` with these variables in the daemon's environment.
     pub fn mount_env(&self, args: &[&str], envs: &[(&str, &str)]) -> Mount {
+        self.mount_with(args, envs).0
+    }
+
+    fn mount_with(&self, args: &[&str], envs: &[(&str, &str)]) -> (Mount, Output) {
         let mut c = intentfs();
         c.arg("mount")
             .args(args)
@@ -206,7 +197,7 @@ impl Layout {
             text(&out.stderr),
             std::fs::read_to_string(self.root.join("daemon.log")).unwrap_or_default()
         );
-        Mount::new(&self.mnt)
+        (Mount::new(&self.mnt), out)
     }
 
     /// A directory every uid can write, for an agent and the test to meet in (sync files).
