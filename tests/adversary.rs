@@ -1164,7 +1164,7 @@ fn a_rebase_todo_cannot_run_commands() {
     let script = format!(
         r#"
         H=$(git rev-parse HEAD); D=.git/rebase-merge; mkdir $D
-        echo refs/heads/master > $D/head-name; echo $H > $D/onto; echo $H > $D/orig-head
+        git symbolic-ref HEAD > $D/head-name; echo $H > $D/onto; echo $H > $D/orig-head
         : > $D/interactive; : > $D/done; echo 1 > $D/end; echo 0 > $D/msgnum
         echo "exec touch {m}" > $D/git-rebase-todo; echo todo=$?
         printf 'pick %s x\nx touch {m}\n' $H > $D/t && mv $D/t $D/git-rebase-todo; echo todo_rename=$?
@@ -1209,8 +1209,9 @@ fn commits_stay_in_scope_and_every_ref_move_is_on_record() {
         C=$(git rev-parse HEAD)
         git pack-refs --all; echo pack=$?
         P=$(git rev-parse HEAD~1)
-        sed "s/^$C refs\/heads\/master$/$P refs\/heads\/master/" .git/packed-refs > .git/pr.tmp && mv .git/pr.tmp .git/packed-refs; echo repack=$?
-        git rev-parse master
+        BR=$(git symbolic-ref --short HEAD)
+        sed "s|^$C refs/heads/$BR\$|$P refs/heads/$BR|" .git/packed-refs > .git/pr.tmp && mv .git/pr.tmp .git/packed-refs; echo repack=$?
+        git rev-parse $BR
     "#;
     let (_, m, ctx) = evil(&l, script);
     assert_ne!(m["commit"], "0", "{ctx}");
@@ -1242,18 +1243,25 @@ fn commits_stay_in_scope_and_every_ref_move_is_on_record() {
         .into_iter()
         .filter(|e| e["mutation_type"] == "REF")
         .collect();
-    // Packing moved nothing: no entry says master was deleted.
+    let branch = format!(
+        "refs/heads/{}",
+        ok(
+            sh_in(&l.ws, "git -c safe.directory='*' symbolic-ref --short HEAD"),
+            "branch"
+        )
+        .trim()
+    );
+    // Packing moved nothing: no entry says the branch was deleted.
     assert!(
         !refs
             .iter()
-            .any(|e| e["detail"]["ref"] == "refs/heads/master" && e["detail"]["new"].is_null()),
+            .any(|e| e["detail"]["ref"] == branch.as_str() && e["detail"]["new"].is_null()),
         "{refs:#?}"
     );
-    // The rewrite of packed-refs moved master back to head0: on record.
+    // The rewrite of packed-refs moved the branch back to head0: on record.
     assert!(
         refs.iter()
-            .any(|e| e["detail"]["ref"] == "refs/heads/master"
-                && e["detail"]["new"] == head0.as_str()),
+            .any(|e| e["detail"]["ref"] == branch.as_str() && e["detail"]["new"] == head0.as_str()),
         "{refs:#?}\n{ctx}"
     );
 }
