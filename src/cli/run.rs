@@ -38,8 +38,8 @@ pub struct RunArgs {
     /// Lock the identity to this intent (selected from the start; it cannot switch).
     #[arg(long, value_name = "ID", conflicts_with = "intents")]
     pub intent: Option<String>,
-    /// The intents the agent may select itself (`echo ID > .intentfs/intent`), comma-
-    /// separated, or `all`. Without --intent or --intents the identity can select none
+    /// The intents the agent may select itself (`echo ID > .intentfs/intent`):
+    /// comma-separated ids, or `all`. Without --intent or --intents the identity can select none
     /// (it may read, not change anything).
     #[arg(long, value_name = "IDS", value_delimiter = ',')]
     pub intents: Option<Vec<String>>,
