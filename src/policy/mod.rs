@@ -641,24 +641,26 @@ fn build(raw: schema::RawPolicy, origin: &Path) -> Result<Policy, PolicyError> {
         });
     }
 
-    let mut sensitive = RuleSetBuilder::new();
-    for glob in raw.sensitive.unwrap_or_default() {
-        let glob_pos = (glob.referenced.line(), glob.referenced.column());
-        let pattern = glob.value;
-        let problem = |p: compile::GlobProblem| err(glob_pos, p.message, p.hint);
-        let globs = compile::expand(&pattern, "sensitive").map_err(problem)?;
-        let rule = format!(
-            "sensitive {} (policy line {})",
-            quote_verbatim(&pattern),
-            glob_pos.0
-        );
-        sensitive
-            .add(&pattern, &globs, rule, false)
-            .map_err(problem)?;
-    }
-    let sensitive = sensitive
-        .build()
-        .map_err(|p| err((0, 0), p.message, p.hint))?;
+    // The policy's own glob lists (`sensitive:`, `output:`): anchored, case-sensitive,
+    // each rule quoted with its key and line.
+    let glob_rules =
+        |list: Option<Vec<Spanned<String>>>, key: &str| -> Result<RuleSet, PolicyError> {
+            let mut b = RuleSetBuilder::new();
+            for glob in list.unwrap_or_default() {
+                let glob_pos = (glob.referenced.line(), glob.referenced.column());
+                let pattern = glob.value;
+                let problem = |p: compile::GlobProblem| err(glob_pos, p.message, p.hint);
+                let globs = compile::expand(&pattern, key).map_err(problem)?;
+                let rule = format!(
+                    "{key} {} (policy line {})",
+                    quote_verbatim(&pattern),
+                    glob_pos.0
+                );
+                b.add(&pattern, &globs, rule, false).map_err(problem)?;
+            }
+            b.build().map_err(|p| err((0, 0), p.message, p.hint))
+        };
+    let sensitive = glob_rules(raw.sensitive, "sensitive")?;
 
     let approval = match raw.approval {
         None => ApprovalPolicy::default(),
@@ -669,20 +671,7 @@ fn build(raw: schema::RawPolicy, origin: &Path) -> Result<Policy, PolicyError> {
         }) => build_approval(ra, &at, origin)?,
     };
 
-    let mut output = RuleSetBuilder::new();
-    for glob in raw.output.unwrap_or_default() {
-        let glob_pos = (glob.referenced.line(), glob.referenced.column());
-        let pattern = glob.value;
-        let problem = |p: compile::GlobProblem| err(glob_pos, p.message, p.hint);
-        let globs = compile::expand(&pattern, "output").map_err(problem)?;
-        let rule = format!(
-            "output {} (policy line {})",
-            quote_verbatim(&pattern),
-            glob_pos.0
-        );
-        output.add(&pattern, &globs, rule, false).map_err(problem)?;
-    }
-    let output = output.build().map_err(|p| err((0, 0), p.message, p.hint))?;
+    let output = glob_rules(raw.output, "output")?;
     let lessons_file = match raw.lessons_file {
         None => None,
         Some(l) => {
