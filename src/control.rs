@@ -16,6 +16,7 @@
 //!
 //! Contents are rendered when the file is opened, so one open sees one consistent snapshot.
 
+use crate::guard::Operation;
 use std::ffi::OsStr;
 
 use crate::fs::sys::Stat;
@@ -245,7 +246,7 @@ fn handshake_denial(ident: &Identity, policy: &Policy, wanted: &str, message: St
     };
     Denial::new(
         Code::InvalidIntent,
-        "select-intent",
+        Operation::SelectIntent,
         std::path::Path::new(".intentfs/intent"),
         ident.intent().as_deref(),
         message,
@@ -269,7 +270,7 @@ pub fn apply_write(
             errno: libc::EACCES,
             denial: Box::new(Denial::new(
                 Code::ProtectedPath,
-                "write",
+                Operation::Write,
                 std::path::Path::new(DIR_NAME).join(f.name()).as_path(),
                 ident.intent().as_deref(),
                 format!(".intentfs/{} is read-only", f.name()),

@@ -329,7 +329,6 @@ mod tests {
             }),
             mutation_type: Some(t),
             path: Some(PathBuf::from(path)),
-            outcome: "ok".into(),
             ..Draft::default()
         }
     }
@@ -389,8 +388,8 @@ mod tests {
         d.content_hash = Some(sha256_file(&ws.join("a.txt")).unwrap().0);
         l.record(d).unwrap();
         let mut d = draft(MutationType::Denial, "secret.env");
-        d.outcome = "denied".into();
-        d.code = Some("SCOPE_VIOLATION".into());
+        d.outcome = crate::ledger::Outcome::Denied;
+        d.code = Some(crate::ledger::Code::ScopeViolation);
         l.record(d).unwrap();
         l.shutdown();
         let verify = |ws: &Path| {

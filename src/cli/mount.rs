@@ -636,12 +636,12 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
     }
     tracing::info!("approvals: {mode:?}");
     let mut fs = Fs::new(cfg, guard.clone(), ids.clone(), Some(ledger.clone()))?;
-    fs.approver = match mode {
+    fs.gate.approver = match mode {
         Mode::Deny => crate::fs::approve::Approver::Deny,
         Mode::Allow => crate::fs::approve::Approver::Allow,
         Mode::Desktop | Mode::Cli => crate::fs::approve::Approver::Human(broker.clone()),
     };
-    fs.breaker = crate::guard::identity::Breaker {
+    fs.gate.breaker = crate::guard::identity::Breaker {
         limit: plan.args.breaker,
         window: Duration::from_secs(plan.args.breaker_window),
     };
@@ -681,8 +681,7 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
         .ok();
     let _ = ledger.record_nowait(crate::ledger::Draft {
         mutation_type: Some(crate::ledger::MutationType::Mount),
-        outcome: "ok".into(),
-        detail: Some(serde_json::json!({
+                detail: Some(serde_json::json!({
             "mountpoint": plan.mountpoint.display().to_string(),
             "policy": plan.policy_path.display().to_string(),
             "agent": plan.args.agent,
@@ -748,14 +747,13 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
     );
     let result = mounted.run();
     if let Some(fs) = fs_weak.upgrade() {
-        fs.bursts.flush(&ledger, true);
+        fs.gate.bursts.flush(&ledger, true);
     }
     broker.shutdown();
     stop.store(true, Ordering::Relaxed);
     let _ = ledger.record(crate::ledger::Draft {
         mutation_type: Some(crate::ledger::MutationType::Unmount),
-        outcome: "ok".into(),
-        ..Default::default()
+                ..Default::default()
     });
     ledger.shutdown();
     drop(intent_map);
@@ -850,8 +848,8 @@ fn spawn_temp_sweeper(fs: std::sync::Weak<Fs>) {
             if n > 0 {
                 tracing::info!("cleaned up {n} temporary file(s) tools left behind");
             }
-            if let Some(l) = &fs.ledger {
-                fs.bursts.flush(l, false);
+            if let Some(l) = &fs.gate.ledger {
+                fs.gate.bursts.flush(l, false);
             }
         });
 }

@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{Caller, Fs, FsError};
+use super::{Caller, Fs, FsError, Gate};
 use crate::approval::{Ask, AskKind, Broker, Decision, Grant};
 use crate::guard::identity::GrantKind;
-use crate::guard::{Code, Denial, Identity};
-use crate::ledger::{Draft, MutationType};
+use crate::guard::{Code, Denial, Identity, Operation};
+use crate::ledger::{Draft, MutationType, Outcome};
 
 /// Who decides when a human is asked.
 #[derive(Clone)]
@@ -29,7 +29,7 @@ pub struct AskSpec {
     pub kind: GrantKind,
     pub ident: Arc<Identity>,
     pub caller: Caller,
-    pub op: String,
+    pub op: Operation,
     pub rel: PathBuf,
     /// The refusal to answer when nobody approves (its code is kept for `--approver deny`).
     pub denial: Denial,
@@ -40,7 +40,7 @@ pub type Continue = Box<dyn FnOnce(Option<FsError>) + Send + 'static>;
 
 /// How a question was answered.
 pub enum Answer {
-    Approved { grant: &'static str, by: String },
+    Approved { grant: Grant, by: String },
     Rejected { by: String },
     TimedOut,
 }
@@ -50,19 +50,19 @@ impl Fs {
     /// approver the continuation runs later, on a broker thread.
     pub fn park(self: &Arc<Self>, spec: AskSpec, cont: Continue) {
         let started = Instant::now();
-        let broker = match &self.approver {
+        let broker = match &self.gate.approver {
             Approver::Allow => {
                 let a = Answer::Approved {
-                    grant: "once",
+                    grant: Grant::Once,
                     by: "approver:allow".into(),
                 };
-                return cont(self.settle(spec, a, started));
+                return cont(self.gate.settle(spec, a, started));
             }
             Approver::Deny => {
                 let a = Answer::Rejected {
                     by: "approver:deny".into(),
                 };
-                return cont(self.settle(spec, a, started));
+                return cont(self.gate.settle(spec, a, started));
             }
             Approver::Human(b) => b.clone(),
         };
@@ -75,9 +75,11 @@ impl Fs {
             identity: spec.ident.key(),
             agent: spec.ident.name.clone(),
             intent: spec.ident.intent(),
-            op: spec.op.clone(),
+            op: spec.op.as_str().into(),
             path: spec.rel.clone(),
-            suggested_glob: spec.rel.to_string_lossy().into_owned(),
+            // A glob that matches this very path: `app/[id]/page.tsx` is not a character
+            // class here.
+            suggested_glob: literal_glob(&spec.rel),
         };
         tracing::info!(agent = %spec.ident.name, path = %spec.rel.display(), op = %spec.op, "asking a human");
         let fs = self.clone();
@@ -85,22 +87,23 @@ impl Fs {
             ask,
             Box::new(move |d| {
                 let a = match d {
-                    Decision::Approved { grant, by } => Answer::Approved {
-                        grant: match grant {
-                            Grant::Once => "once",
-                            Grant::File => "file",
-                            Grant::ExpandScope => "expand_scope",
-                        },
-                        by,
-                    },
+                    Decision::Approved { grant, by } => Answer::Approved { grant, by },
                     Decision::Rejected { by } => Answer::Rejected { by },
                     Decision::TimedOut => Answer::TimedOut,
                 };
-                cont(fs.settle(spec, a, started))
+                cont(fs.gate.settle(spec, a, started))
             }),
         );
     }
 
+}
+
+/// The glob that matches exactly `rel` (its metacharacters escaped).
+pub fn literal_glob(rel: &std::path::Path) -> String {
+    globset::escape(&rel.to_string_lossy())
+}
+
+impl Gate {
     /// Apply an answer: grant and ledger it, or refuse. `None` means "re-run".
     pub(crate) fn settle(
         &self,
@@ -110,9 +113,9 @@ impl Fs {
     ) -> Option<FsError> {
         let latency_ms = started.elapsed().as_millis() as u64;
         let (outcome, by, grant) = match &answer {
-            Answer::Approved { grant, by } => ("approved", by.clone(), Some(*grant)),
-            Answer::Rejected { by } => ("rejected", by.clone(), None),
-            Answer::TimedOut => ("timeout", "timeout".to_string(), None),
+            Answer::Approved { grant, by } => (Outcome::Approved, by.clone(), Some(*grant)),
+            Answer::Rejected { by } => (Outcome::Rejected, by.clone(), None),
+            Answer::TimedOut => (Outcome::Timeout, "timeout".to_string(), None),
         };
         if let Some(l) = &self.ledger {
             let draft = Draft {
@@ -120,8 +123,8 @@ impl Fs {
                 agent: Some(self.agent(&spec.ident, &spec.caller)),
                 mutation_type: Some(MutationType::Approval),
                 path: Some(spec.rel.clone()),
-                outcome: outcome.into(),
-                code: Some(spec.denial.code.as_str().into()),
+                outcome,
+                code: Some(spec.denial.code),
                 rule: spec.denial.rule.clone(),
                 detail: Some(serde_json::json!({
                     "asked": format!("{:?}", spec.kind).to_lowercase(),
@@ -140,21 +143,21 @@ impl Fs {
             Answer::Approved { grant, .. } => {
                 let mut g = spec.ident.grants.lock();
                 match grant {
-                    "file" => {
+                    Grant::File => {
                         g.files.insert((spec.kind, spec.rel.clone()));
                     }
-                    "expand_scope" => {
+                    Grant::ExpandScope => {
                         // The broker recorded it in pending_scope_updates.json; it applies to
                         // this identity for its session.
-                        let glob = spec.rel.to_string_lossy().into_owned();
-                        match globset::Glob::new(&globset::escape(&glob)) {
+                        let glob = literal_glob(&spec.rel);
+                        match globset::Glob::new(&glob) {
                             Ok(g2) => g.globs.push((glob, g2.compile_matcher())),
                             Err(_) => {
                                 g.files.insert((spec.kind, spec.rel.clone()));
                             }
                         }
                     }
-                    _ => g.once.push((spec.kind, spec.rel.clone())),
+                    Grant::Once => g.once.push((spec.kind, spec.rel.clone())),
                 }
                 None
             }
@@ -165,7 +168,7 @@ impl Fs {
             Answer::Rejected { by } => {
                 let d = Denial::new(
                     Code::ApprovalRejected,
-                    &spec.op,
+                    spec.op,
                     &spec.rel,
                     spec.ident.intent().as_deref(),
                     format!("a human ({by}) rejected: {}", spec.denial.message),
@@ -179,7 +182,7 @@ impl Fs {
             Answer::TimedOut => {
                 let d = Denial::new(
                     Code::ApprovalTimeout,
-                    &spec.op,
+                    spec.op,
                     &spec.rel,
                     spec.ident.intent().as_deref(),
                     format!("nobody approved in time: {}", spec.denial.message),

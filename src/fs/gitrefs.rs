@@ -12,6 +12,7 @@
 //! no configuration but the repository's own (which agents cannot write), no hooks, no
 //! fsmonitor, no pager.
 
+use crate::guard::Operation;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -163,16 +164,16 @@ impl Fs {
             for p in paths.split('\0').filter(|p| !p.is_empty() && !is_oid(p)) {
                 let path = Path::new(p);
                 if let Err(d) = self
-                    .guard
-                    .check_write(intent.as_deref(), "commit", path, false)
+                    .gate.guard
+                    .check_write(intent.as_deref(), Operation::Commit, path, false)
                 {
-                    if self.temps.covers(&ident.key, path) {
+                    if self.gate.temps.covers(&ident.key, path) {
                         continue;
                     }
                     let short = &c[..12.min(c.len())];
                     let denial = Denial::new(
                         if d.code == Code::NoIntent { Code::NoIntent } else { Code::ScopeViolation },
-                        "commit",
+                        Operation::Commit,
                         rel,
                         intent.as_deref(),
                         format!(
@@ -186,7 +187,7 @@ impl Fs {
                         ),
                     )
                     .with_rule(d.rule);
-                    return Err(self.deny(ident, caller, denial));
+                    return Err(self.gate.deny(ident, caller, denial));
                 }
             }
         }
@@ -254,7 +255,7 @@ impl Fs {
         &self,
         ident: &Identity,
         caller: &Caller,
-        op: &str,
+        op: Operation,
         dir: std::os::fd::BorrowedFd<'_>,
         dir_rel: &Path,
         name: &std::ffi::OsStr,
@@ -308,7 +309,7 @@ impl Fs {
                 .into(),
         )
         .with_rule(Some("git: a directory laid out as a git directory (HEAD, objects/, refs/)".into()));
-        Err(self.deny(ident, caller, d))
+        Err(self.gate.deny(ident, caller, d))
     }
 }
 
@@ -322,7 +323,7 @@ impl Fs {
     ) -> super::FsError {
         let d = Denial::new(
             Code::ProtectedPath,
-            "write",
+            Operation::Write,
             rel,
             ident.intent().as_deref(),
             format!(
@@ -332,7 +333,7 @@ impl Fs {
             "Rebase without `exec`/`-x` steps; run the commands yourself between commits.".into(),
         )
         .with_rule(Some("git: a rebase todo list may not run commands".into()));
-        self.deny(ident, caller, d)
+        self.gate.deny(ident, caller, d)
     }
 
     /// Before a write through a handle of a rebase todo list: refuse when the file, with

@@ -144,10 +144,10 @@ impl Fs {
     /// Append a lesson (see the module doc); the workspace path of the file written.
     pub(crate) fn append_lesson(&self, req: &LessonRequest) -> std::result::Result<String, String> {
         let ident = self
-            .ids
+            .gate.ids
             .by_key(&req.identity)
             .ok_or_else(|| format!("no identity {:?} on this mount", req.identity))?;
-        let rules = self.guard.rules();
+        let rules = self.gate.guard.rules();
         let (target, named): (PathBuf, bool) = match rules.policy.lessons_file() {
             Some(p) => (p.to_path_buf(), true),
             None => (PathBuf::from(super::LESSON_FILE), false),
@@ -202,10 +202,10 @@ impl Fs {
             .ok()
             .and_then(|r| self.hashes.hash(&r).ok());
         tracing::info!(agent = %ident.name, "lesson appended to {} for `{command}`", target.display());
-        if let Some(l) = &self.ledger {
+        if let Some(l) = &self.gate.ledger {
             let draft = Draft {
                 intent_id: ident.intent(),
-                agent: Some(self.agent(
+                agent: Some(self.gate.agent(
                     &ident,
                     &super::Caller {
                         uid: 0,
@@ -217,8 +217,7 @@ impl Fs {
                 path: Some(target.clone()),
                 content_hash: hash.map(|(h, _)| super::hash::to_string(&h)),
                 size: hash.map(|(_, s)| s.size),
-                outcome: "ok".into(),
-                detail: Some(serde_json::json!({
+                                detail: Some(serde_json::json!({
                     "command": command,
                     "status": req.status,
                     "output_sha256": digest,

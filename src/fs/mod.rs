@@ -11,6 +11,7 @@
 pub mod approve;
 mod closer;
 pub mod error;
+pub mod gate;
 mod gitrefs;
 pub mod hash;
 pub mod inode;
@@ -36,8 +37,8 @@ pub use error::{FsError, Result};
 use inode::{InodeTable, Node};
 
 use crate::control::CtlFile;
-use crate::guard::identity::GrantKind;
-use crate::guard::{Denial, Guard, Identities, Identity};
+pub use gate::Gate;
+use crate::guard::{Denial, Guard, Identities, Identity, Operation};
 use crate::ledger::{Draft, Ledger, MutationType};
 
 /// Who sent a request.
@@ -153,10 +154,6 @@ pub struct Counters {
     /// Listing requests (READDIR/READDIRPLUS) of real directories.
     pub listings: AtomicU64,
     pub opens: AtomicU64,
-    pub mutations: AtomicU64,
-    pub denials: AtomicU64,
-    /// Refused probes of tools (see [`Fs::deny`]).
-    pub probes: AtomicU64,
     /// FUSE requests answered, by opcode.
     pub requests: Requests,
 }
@@ -236,23 +233,20 @@ pub struct FsConfig {
     pub fd_cap: usize,
 }
 
-/// The filesystem core.
+/// The passthrough core: the inode table, open handles and the backing syscalls. Every
+/// operation reads resolve → [`Gate::authorize`] → syscall → [`Gate::record`]; what is
+/// allowed and what is on record is the [`gate`]'s.
 pub struct Fs {
     pub(crate) table: InodeTable,
     pub(crate) proc_fd: OwnedFd,
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
-    pub guard: Arc<Guard>,
-    pub ids: Arc<Identities>,
-    pub ledger: Option<Ledger>,
+    /// Governance: rules, identities, ledger, approvals, breaker.
+    pub gate: Gate,
     pub counters: Counters,
     pub cfg: FsConfig,
     /// Content hashes by stamp, shared by stale checks, read records and the ledger.
-    pub hashes: hash::HashCache,
-    /// Who decides when a human is asked.
-    pub approver: approve::Approver,
-    /// Circuit breaker settings.
-    pub breaker: crate::guard::identity::Breaker,
+    pub(crate) hashes: hash::HashCache,
     /// Who wrote each open-for-write inode last, and its stamp after that write.
     pub(crate) last_writer: Mutex<HashMap<(u64, u64), (String, crate::guard::stale::Stamp)>>,
     /// The workspace's real path as last seen, to turn `/proc/self/fd` links into
@@ -265,10 +259,6 @@ pub struct Fs {
     pub passthrough: AtomicBool,
     /// `--low-latency`: told of every request (`node` is where nearly all of them start).
     pub low_latency: std::sync::OnceLock<Arc<crate::latency::LowLatency>>,
-    /// Tools' temporaries next to in-scope files (see [`temps`]).
-    pub temps: temps::Temps,
-    /// Build output summaries under way (see [`output`]).
-    pub bursts: output::Bursts,
 }
 
 impl Fs {
@@ -286,22 +276,16 @@ impl Fs {
             proc_fd: sys::open_proc_self_fd()?,
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
-            guard,
-            ids,
-            ledger,
+            gate: Gate::new(guard, ids, ledger),
             counters: Counters::default(),
             cfg,
             hashes: hash::HashCache::default(),
-            approver: approve::Approver::Deny,
-            breaker: Default::default(),
             last_writer: Mutex::new(HashMap::new()),
             root_path: Mutex::new(root_path),
             started: chrono::Utc::now().timestamp(),
             watch: std::sync::OnceLock::new(),
             passthrough: AtomicBool::new(false),
             low_latency: std::sync::OnceLock::new(),
-            temps: temps::Temps::default(),
-            bursts: output::Bursts::default(),
         })
     }
 
@@ -445,230 +429,55 @@ impl Fs {
         self.table.path_of(node).unwrap_or_default()
     }
 
-    // ----- governance --------------------------------------------------------------
+    // ----- governance (see [`gate`]) -------------------------------------------------
 
-    /// Refuse: remember it for the identity, count it, ledger it, and answer `EACCES`.
-    pub(crate) fn deny(&self, ident: &Identity, caller: &Caller, d: Denial) -> FsError {
-        // A tool's harmless probe: git refreshing its index (`.git/index.lock`) or writing
-        // an object when no intent is selected yet (`git status` before the handshake). It
-        // is refused, and shown in last_error, but it is not a refusal an agent loops on:
-        // not counted for the breaker, not a DENIAL entry each (counted in `status`).
-        if d.code == crate::guard::Code::NoIntent && crate::policy::git::in_git_dir(&d.path) {
-            ident.probes.fetch_add(1, Ordering::Relaxed);
-            self.counters.probes.fetch_add(1, Ordering::Relaxed);
-            *ident.last_error.lock() = Some(d.clone());
-            return FsError::Denied(Box::new(d));
-        }
-        ident.deny(&d);
-        if d.code != crate::guard::Code::CircuitOpen && ident.count_refusal(self.breaker) {
-            self.trip(ident, caller);
-        }
-        self.counters.denials.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(code = %d.code, path = %d.path.display(), agent = %ident.name, "denied: {}", d.message);
-        if let Some(l) = &self.ledger {
-            let draft = Draft {
-                intent_id: d.intent.clone(),
-                agent: Some(self.agent(ident, caller)),
-                mutation_type: Some(MutationType::Denial),
-                path: Some(d.path.clone()),
-                outcome: "denied".into(),
-                code: Some(d.code.as_str().into()),
-                rule: d.rule.clone(),
-                detail: Some(serde_json::json!({ "op": d.op, "message": d.message })),
-                ..Default::default()
-            };
-            if let Err(e) = l.record_nowait(draft) {
-                tracing::error!("ledger: cannot record a denial: {e}");
-            }
-        }
-        FsError::Denied(Box::new(d))
-    }
-
-    /// May the caller change `rel` (op named `op`)? Returns the caller's identity.
+    /// May the caller change `rel` (op `op`)? Returns the caller's identity.
     pub(crate) fn authorize(
         &self,
         caller: &Caller,
-        op: &str,
+        op: Operation,
         rel: &Path,
         is_dir: bool,
     ) -> Result<Arc<Identity>> {
-        let ident = self.ids.resolve(caller.pid);
+        let ident = self.gate.ids.resolve(caller.pid);
         self.authorize_as(&ident, caller, op, rel, is_dir)?;
         Ok(ident)
     }
 
+    /// [`Gate::authorize`], letting go of deleted files' space when the ledger's disk is full.
     pub(crate) fn authorize_as(
         &self,
         ident: &Arc<Identity>,
         caller: &Caller,
-        op: &str,
+        op: Operation,
         rel: &Path,
         is_dir: bool,
     ) -> Result<()> {
-        temps::NEW_TEMP.with(|t| t.set(false));
-        let intent = ident.intent();
-        if ident.tripped.load(Ordering::Acquire) {
-            let d = Denial::new(
-                crate::guard::Code::CircuitOpen,
-                op,
-                rel,
-                intent.as_deref(),
-                format!("{} was refused too often and is stopped until a human resets it", ident.name),
-                format!(
-                    "Stop and report to the human: this agent looped on refused operations. A human resets it with \
-                     `intentfs reset {}`.",
-                    ident.key()
-                ),
-            );
-            return Err(self.deny(ident, caller, d));
-        }
-        match self.guard.check_write(intent.as_deref(), op, rel, is_dir) {
-            Ok(_) => {}
-            Err(d) if d.code == crate::guard::Code::ScopeViolation => {
-                if self.temp_allowed(ident, op, rel) {
-                    return self.ledger_healthy(ident, caller, op, rel);
-                }
-                if ident.grants.lock().take(GrantKind::Write, rel) {
-                    return self.ledger_healthy(ident, caller, op, rel);
-                }
-                if self.guard.rules().policy.approval().out_of_scope
-                    == crate::policy::OutOfScope::Ask
-                {
-                    return Err(FsError::Ask(Box::new(approve::AskSpec {
-                        kind: GrantKind::Write,
-                        ident: ident.clone(),
-                        caller: *caller,
-                        op: op.into(),
-                        rel: rel.to_path_buf(),
-                        denial: d,
-                    })));
-                }
-                return Err(self.deny(ident, caller, d));
-            }
-            Err(d) => return Err(self.deny(ident, caller, d)),
-        }
-        self.ledger_healthy(ident, caller, op, rel)
+        self.gate
+            .authorize(ident, caller, op, rel, is_dir)
+            .inspect_err(|e| self.on_ledger_failure(e))
     }
 
-    /// Outside the scope, but a tool's temporary (see [`temps`]): an existing temporary of
-    /// this identity (anything may be done to it but moving it elsewhere, which the rename
-    /// checks), a new entry in a companion directory of its intent, or a directory its
-    /// scope's globs imply. A new temporary is registered by the operation once it exists.
-    fn temp_allowed(&self, ident: &Identity, op: &str, rel: &Path) -> bool {
-        if self.temps.covers(&ident.key, rel) {
-            return true;
-        }
-        let made = matches!(op, "create" | "mkdir" | "mknod" | "symlink");
-        let attrs = matches!(op, "utimes" | "chmod" | "chown");
-        if !made && !attrs {
-            return false;
-        }
-        let rules = self.guard.rules();
-        let Some(it) = ident
-            .intent()
-            .and_then(|i| rules.policy.intent(&i).cloned())
-        else {
-            return false;
-        };
-        // A directory the scope implies may be made, and its times and mode set (`tar x
-        // -C src/auth` sets them on `src/auth`).
-        if (op == "mkdir" || attrs) && it.implies_dir(rel) {
-            return true;
-        }
-        if attrs {
-            return false;
-        }
-        let parent = rel.parent().unwrap_or(Path::new(""));
-        let name = rel.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if it.temp_name(parent, name, op == "mkdir") || self.temps.covers(&ident.key, parent) {
-            temps::NEW_TEMP.with(|t| t.set(true));
-            return true;
-        }
-        false
-    }
-
-    /// Whether `to` may take a rename as a temporary: outside the scope only, in a companion
-    /// directory of the identity's intent (or a temporary directory of it), and free or
-    /// already this identity's temporary.
-    pub(crate) fn temp_target(
+    /// [`Gate::record`], letting go of deleted files' space when the ledger's disk is full.
+    pub(crate) fn record(
         &self,
         ident: &Identity,
-        to: &Path,
-        is_dir: bool,
-        dst_exists: bool,
-    ) -> bool {
-        let intent = ident.intent();
-        match self
-            .guard
-            .check_write(intent.as_deref(), "rename", to, is_dir)
-        {
-            Err(d) if d.code == crate::guard::Code::ScopeViolation => {}
-            _ => return false,
-        }
-        if dst_exists && !self.temps.covers(&ident.key, to) {
-            return false;
-        }
-        let rules = self.guard.rules();
-        let Some(it) = intent.and_then(|i| rules.policy.intent(&i).cloned()) else {
-            return false;
-        };
-        let parent = to.parent().unwrap_or(Path::new(""));
-        let name = to.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        it.temp_name(parent, name, is_dir) || self.temps.covers(&ident.key, parent)
-    }
-
-    /// The breaker tripped: say so loudly (log, ledger, and the human channel).
-    fn trip(&self, ident: &Identity, caller: &Caller) {
-        if let approve::Approver::Human(b) = &self.approver {
-            b.announce_trip(&ident.key(), &ident.name, self.breaker.limit as u32);
-        }
-        tracing::warn!(agent = %ident.name, identity = %ident.key(), "circuit breaker tripped: mutations refused until reset");
-        if let Some(l) = &self.ledger {
-            let _ = l.record_nowait(Draft {
-                intent_id: ident.intent(),
-                agent: Some(self.agent(ident, caller)),
-                mutation_type: Some(MutationType::Denial),
-                outcome: "tripped".into(),
-                code: Some("CIRCUIT_OPEN".into()),
-                detail: Some(serde_json::json!({ "limit": self.breaker.limit, "window_s": self.breaker.window.as_secs() })),
-                ..Default::default()
-            });
-        }
-    }
-
-    /// The ledger must be writable for a mutation to proceed: fail closed otherwise.
-    fn ledger_healthy(
-        &self,
-        ident: &Arc<Identity>,
-        _caller: &Caller,
-        op: &str,
+        caller: &Caller,
+        mt: MutationType,
         rel: &Path,
+        draft: Draft,
     ) -> Result<()> {
-        let Some(l) = &self.ledger else { return Ok(()) };
-        if let Err(e) = l.health() {
-            // Handles on files deleted outside the mount would keep their space allocated
-            // on the full disk: let them go.
-            self.table.evict_regular();
-            return Err(self.ledger_denial(ident, op, rel, &e.to_string()));
-        }
-        Ok(())
+        self.gate
+            .record(ident, caller, mt, rel, draft)
+            .inspect_err(|e| self.on_ledger_failure(e))
     }
 
-    /// The refusal when the ledger cannot take an entry: EACCES, explained in last_error.
-    fn ledger_denial(&self, ident: &Identity, op: &str, rel: &Path, why: &str) -> FsError {
-        let d = Denial::new(
-            crate::guard::Code::ProtectedPath,
-            op,
-            rel,
-            ident.intent().as_deref(),
-            format!(
-                "the audit ledger cannot be written ({why}); mutations are refused until it can"
-            ),
-            "Wait and retry later; tell the human that the ledger's disk is full or failing."
-                .into(),
-        );
-        ident.deny(&d);
-        FsError::Denied(Box::new(d))
+    /// Handles on files deleted outside the mount would keep their space allocated on the
+    /// ledger's full disk: let them go.
+    fn on_ledger_failure(&self, e: &FsError) {
+        if gate::is_ledger_failure(e) {
+            self.table.evict_regular();
+        }
     }
 
     /// May the caller change this existing node? Every known name of a hard-linked file
@@ -676,7 +485,7 @@ impl Fs {
     pub(crate) fn authorize_node(
         &self,
         caller: &Caller,
-        op: &str,
+        op: Operation,
         node: &Arc<Node>,
     ) -> Result<(Arc<Identity>, PathBuf)> {
         let (ident, rels) = self.authorize_node_names(caller, op, node)?;
@@ -688,10 +497,10 @@ impl Fs {
     pub(crate) fn authorize_node_names(
         &self,
         caller: &Caller,
-        op: &str,
+        op: Operation,
         node: &Arc<Node>,
     ) -> Result<(Arc<Identity>, Vec<PathBuf>)> {
-        let ident = self.ids.resolve(caller.pid);
+        let ident = self.gate.ids.resolve(caller.pid);
         let rels = self.node_rels(node)?;
         for rel in &rels {
             self.authorize_as(&ident, caller, op, rel, node.is_dir())?;
@@ -730,137 +539,9 @@ impl Fs {
                     "Do not modify hard-linked files; copy the file to a new name inside your scope and change the copy."
                         .into(),
                 );
-                return Err(self.deny(&ident, caller, d));
+                return Err(self.gate.deny(&ident, caller, d));
             }
         }
         Ok((ident, rels))
     }
-
-    /// The ledger's view of the caller.
-    pub(crate) fn agent(&self, ident: &Identity, caller: &Caller) -> crate::ledger::Agent {
-        crate::ledger::Agent {
-            name: ident.name.clone(),
-            identity: ident.key(),
-            pid: caller.pid,
-            uid: caller.uid,
-            process: crate::guard::identity::proc_name(caller.pid),
-        }
-    }
-
-    /// A git ref moved through the mount (`HEAD`, `refs/…`, see `policy::git::ref_name`):
-    /// ledgered with its old and new value, so a branch, commit, reset or stash by an agent
-    /// is on record although git's internals are not, file by file.
-    pub(crate) fn record_ref(
-        &self,
-        ident: &Identity,
-        caller: &Caller,
-        rel: &Path,
-        old: Option<String>,
-        new: Option<String>,
-    ) -> Result<()> {
-        let Some(name) = crate::policy::git::ref_name(rel) else {
-            return Ok(());
-        };
-        self.record_ref_named(ident, caller, rel, &name, old, new)
-    }
-
-    /// [`Fs::record_ref`] of ref `name`, changed through the file `rel`.
-    pub(crate) fn record_ref_named(
-        &self,
-        ident: &Identity,
-        caller: &Caller,
-        rel: &Path,
-        name: &str,
-        old: Option<String>,
-        new: Option<String>,
-    ) -> Result<()> {
-        let Some(l) = &self.ledger else { return Ok(()) };
-        if old == new {
-            return Ok(());
-        }
-        let draft = Draft {
-            intent_id: ident.intent(),
-            agent: Some(self.agent(ident, caller)),
-            mutation_type: Some(MutationType::Ref),
-            path: Some(rel.to_path_buf()),
-            outcome: "ok".into(),
-            detail: Some(serde_json::json!({ "ref": name, "old": old, "new": new })),
-            ..Default::default()
-        };
-        if let Err(e) = l.record(draft) {
-            return Err(self.ledger_denial(ident, "ref", rel, &e.to_string()));
-        }
-        Ok(())
-    }
-
-    /// Ledger a completed mutation (durably: the syscall is acknowledged after).
-    pub(crate) fn record(
-        &self,
-        ident: &Identity,
-        caller: &Caller,
-        mt: MutationType,
-        rel: &Path,
-        mut draft: Draft,
-    ) -> Result<()> {
-        ident.mutations.fetch_add(1, Ordering::Relaxed);
-        self.counters.mutations.fetch_add(1, Ordering::Relaxed);
-        // Git's internals are not ledgered file by file (ref moves are, see `record_ref`).
-        if stale::untracked(rel) {
-            return Ok(());
-        }
-        let Some(l) = &self.ledger else { return Ok(()) };
-        let rules = self.guard.rules();
-        // Build output is summarized; a rename into it from elsewhere stays an entry of its
-        // own (what it moves leaves its old name on record).
-        let from_output = draft
-            .from
-            .as_deref()
-            .is_none_or(|f| rules.policy.output_match(f).is_some());
-        if let Some(rule) = rules.policy.output_match(rel).filter(|_| from_output) {
-            // Build output: counted into its burst's summary (a handle's begin is not).
-            if mt != MutationType::WriteBegin {
-                let root = output_root(&rules.policy, rel);
-                self.bursts.add(
-                    &ident.key,
-                    ident.intent(),
-                    self.agent(ident, caller),
-                    mt,
-                    rel,
-                    root,
-                    rule,
-                    draft.size,
-                );
-            }
-            return Ok(());
-        }
-        draft.intent_id = ident.intent();
-        draft.agent = Some(self.agent(ident, caller));
-        draft.mutation_type = Some(mt);
-        draft.path = Some(rel.to_path_buf());
-        if draft.outcome.is_empty() {
-            draft.outcome = "ok".into();
-        }
-        if let Err(e) = l.record(draft) {
-            // The entry stays queued in memory and is retried; the syscall reports the
-            // failure so nothing is acknowledged before its entry is durable.
-            tracing::error!("ledger: cannot record {mt:?} of {}: {e}", rel.display());
-            self.table.evict_regular();
-            return Err(self.ledger_denial(ident, mt.as_str(), rel, &e.to_string()));
-        }
-        Ok(())
-    }
-}
-
-/// The directory a build output summary is named by: the shortest ancestor of `rel` (or
-/// `rel`) under the same `output:` rule (`target` for `target/debug/x` under `target/`).
-fn output_root(policy: &crate::policy::Policy, rel: &Path) -> PathBuf {
-    let mut up: Vec<&Path> = rel
-        .ancestors()
-        .filter(|a| !a.as_os_str().is_empty())
-        .collect();
-    up.reverse();
-    up.into_iter()
-        .find(|a| policy.output_match(a).is_some())
-        .unwrap_or(rel)
-        .to_path_buf()
 }

@@ -25,7 +25,7 @@ impl FsOperator {
 /// The operator's bound on intents, checked against the policy: every id must exist, and a
 /// locked one must be selectable now.
 fn intents_of(fs: &Fs, req: &RegisterRequest) -> Result<Intents, String> {
-    let rules = fs.guard.rules();
+    let rules = fs.gate.guard.rules();
     let policy = &rules.policy;
     let selectable: Vec<&str> = policy
         .intents()
@@ -81,7 +81,7 @@ impl Operator for FsOperator {
             return Err("the agent name must be 1 to 128 printable characters".into());
         }
         let intents = intents_of(&fs, &req)?;
-        let (ident, anchor) = fs.ids.grant(
+        let (ident, anchor) = fs.gate.ids.grant(
             peer,
             Grant {
                 name: req.agent.clone(),
@@ -94,10 +94,10 @@ impl Operator for FsOperator {
             identity = %ident.key, agent = %ident.name, tracking = anchor.kind(),
             intents = %ident.allowed.describe(), "identity granted"
         );
-        if let Some(l) = &fs.ledger {
+        if let Some(l) = &fs.gate.ledger {
             let draft = Draft {
                 intent_id: ident.intent(),
-                agent: Some(fs.agent(
+                agent: Some(fs.gate.agent(
                     &ident,
                     &super::Caller {
                         uid: req.uid.unwrap_or(0),
@@ -106,8 +106,7 @@ impl Operator for FsOperator {
                     },
                 )),
                 mutation_type: Some(MutationType::Identity),
-                outcome: "ok".into(),
-                detail: Some(serde_json::json!({
+                                detail: Some(serde_json::json!({
                     "intents": ident.allowed.describe(),
                     "tracking": anchor.kind(),
                     "require_read": ident.require_read,
@@ -132,7 +131,7 @@ impl Operator for FsOperator {
 
     fn ack(&self, uid: u32, req: AckRequest) -> Result<usize, String> {
         let fs = self.fs()?;
-        let Some(l) = &fs.ledger else {
+        let Some(l) = &fs.gate.ledger else {
             return Err("this mount has no ledger".into());
         };
         let drafts =

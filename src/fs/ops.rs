@@ -2,6 +2,7 @@
 //! authorizes first (scope, protected paths, hard links), then acts through handles, then
 //! ledgers the result.
 
+use crate::guard::Operation;
 use std::ffi::{OsStr, OsString};
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
@@ -130,13 +131,13 @@ impl Fs {
         }
         let node = self.node(nodeid)?;
         let op = if a.size.is_some() {
-            "truncate"
+            Operation::Truncate
         } else if a.mode.is_some() {
-            "chmod"
+            Operation::Chmod
         } else if a.uid.is_some() || a.gid.is_some() {
-            "chown"
+            Operation::Chown
         } else {
-            "utimes"
+            Operation::Utimes
         };
         // A truncation holds the file's stale lock from its check through the change.
         let _stale = if a.size.is_some() {
@@ -157,7 +158,7 @@ impl Fs {
             match own {
                 Some(h) => self.before_modify(&h)?,
                 None => {
-                    self.check_stale_node(&ident, caller, "truncate", &node, &rels, fd.as_fd())?
+                    self.check_stale_node(&ident, caller, Operation::Truncate, &node, &rels, fd.as_fd())?
                 }
             }
         }
@@ -239,9 +240,9 @@ impl Fs {
             }
         }
         let mt = match op {
-            "truncate" => MutationType::Truncate,
-            "chmod" => MutationType::Chmod,
-            "chown" => MutationType::Chown,
+            Operation::Truncate => MutationType::Truncate,
+            Operation::Chmod => MutationType::Chmod,
+            Operation::Chown => MutationType::Chown,
             _ => MutationType::Utimes,
         };
         let mut draft = Draft {
@@ -318,7 +319,7 @@ impl Fs {
         caller: &Caller,
         parent: u64,
         name: &OsStr,
-        op: &str,
+        op: Operation,
         mt: MutationType,
         is_dir: bool,
         make: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> std::io::Result<()>,
@@ -350,7 +351,7 @@ impl Fs {
             make(pfd.as_fd())?;
         }
         if temp {
-            self.temps.add(&ident, caller, &rel, is_dir, None);
+            self.gate.temps.add(&ident, caller, &rel, is_dir, None);
         }
         let fd = sys::open_path(pfd.as_fd(), name)?;
         let st = sys::stat_fd(fd.as_fd())?;
@@ -383,7 +384,7 @@ impl Fs {
             caller,
             parent,
             name,
-            "mkdir",
+            Operation::Mkdir,
             MutationType::Mkdir,
             true,
             |d| sys::mkdir_at(d, name, mode & !umask),
@@ -410,7 +411,7 @@ impl Fs {
             caller,
             parent,
             name,
-            "mknod",
+            Operation::Mknod,
             MutationType::Mknod,
             false,
             |d| sys::mknod_at(d, name, mode & !umask, rdev as u64),
@@ -429,7 +430,7 @@ impl Fs {
             caller,
             parent,
             name,
-            "symlink",
+            Operation::Symlink,
             MutationType::Symlink,
             false,
             |d| sys::symlink_at(target.as_os_str(), d, name),
@@ -457,22 +458,22 @@ impl Fs {
         }
         // Both names count: the existing one (a link shares the inode, so writing through
         // the new name changes the old one) and the new one.
-        let (ident, from) = self.authorize_node(caller, "link", &node)?;
+        let (ident, from) = self.authorize_node(caller, Operation::Link, &node)?;
         // A new name for a secret is a way to read it under a harmless name.
         for rel in self.alias_rels(&node) {
-            if let Err(d) = self.guard.check_read(ident.intent().as_deref(), &rel) {
-                self.sensitive_read(&ident, caller, &rel, d)?;
+            if let Err(d) = self.gate.guard.check_read(ident.intent().as_deref(), &rel) {
+                self.gate.sensitive_read(&ident, caller, &rel, d)?;
             }
         }
         let np = self.node(newparent)?;
         let rel = self.child_rel(&np, newname)?;
-        self.authorize_as(&ident, caller, "link", &rel, false)?;
+        self.authorize_as(&ident, caller, Operation::Link, &rel, false)?;
         let fd = self.fd(&node)?;
         let npfd = self.fd(&np)?;
         self.check_git_layout(
             &ident,
             caller,
-            "link",
+            Operation::Link,
             npfd.as_fd(),
             rel.parent().unwrap_or(Path::new("")),
             newname,
@@ -506,14 +507,18 @@ impl Fs {
         check_name(name)?;
         let p = self.node(parent)?;
         let rel = self.child_rel(&p, name)?;
-        let op = if is_dir { "rmdir" } else { "unlink" };
+        let op = if is_dir {
+            Operation::Rmdir
+        } else {
+            Operation::Unlink
+        };
         let ident = self.authorize(caller, op, &rel, is_dir)?;
         if is_dir {
-            if let Some(rule) = self.guard.rules().protected.below(&rel) {
+            if let Some(rule) = self.gate.guard.rules().protected.below(&rel) {
                 return Err(self.protected_below(&ident, caller, op, &rel, rule));
             }
         }
-        self.delete_approval(&ident, caller, op, &rel)?;
+        self.gate.delete_approval(&ident, caller, op, &rel)?;
         let pfd = self.fd(&p)?;
         // The stale check and the unlink are one step for any other stale-checked change of
         // the file (an open for write, a rename, a write).
@@ -525,7 +530,7 @@ impl Fs {
             None
         };
         if !is_dir {
-            self.check_stale_at(&ident, caller, "unlink", &rel, pfd.as_fd(), name)?;
+            self.check_stale_at(&ident, caller, Operation::Unlink, &rel, pfd.as_fd(), name)?;
         }
         let old_ref = crate::policy::git::ref_name(&rel).and_then(|r| {
             let v = sys::read_ref_at(pfd.as_fd(), name)?;
@@ -533,9 +538,9 @@ impl Fs {
             (self.packed_value(&rel, &r).as_deref() != Some(v.as_str())).then_some(v)
         });
         sys::unlink_at(pfd.as_fd(), name, is_dir)?;
-        self.temps.remove(&rel);
+        self.gate.temps.remove(&rel);
         if old_ref.is_some() {
-            self.record_ref(&ident, caller, &rel, old_ref, None)?;
+            self.gate.record_ref(&ident, caller, &rel, old_ref, None)?;
         }
         ident.forget_path(&rel);
         if !is_dir && st.st_nlink <= 1 {
@@ -603,7 +608,7 @@ impl Fs {
         &self,
         ident: &Arc<crate::guard::Identity>,
         caller: &Caller,
-        op: &str,
+        op: Operation,
         rel: &Path,
         rule: String,
     ) -> FsError {
@@ -616,7 +621,7 @@ impl Fs {
             "Do not move or remove directories that hold governance files.".into(),
         )
         .with_rule(Some(rule));
-        self.deny(ident, caller, d)
+        self.gate.deny(ident, caller, d)
     }
 
     /// Authorize every entry below a directory that a rename would move, under both its old
@@ -629,8 +634,8 @@ impl Fs {
         old: &Path,
         new: &Path,
     ) -> Result<()> {
-        if let Some(rule) = self.guard.rules().protected.below(old) {
-            return Err(self.protected_below(ident, caller, "rename", old, rule));
+        if let Some(rule) = self.gate.guard.rules().protected.below(old) {
+            return Err(self.protected_below(ident, caller, Operation::Rename, old, rule));
         }
         let fd = self.fd(dir)?;
         let mut stack: Vec<(std::os::fd::OwnedFd, PathBuf)> =
@@ -650,15 +655,15 @@ impl Fs {
                 let rel = sub.join(name);
                 let is_dir = e.kind == libc::DT_DIR;
                 let (o, n) = (old.join(&rel), new.join(&rel));
-                self.authorize_as(ident, caller, "rename", &o, is_dir)?;
-                self.authorize_as(ident, caller, "rename", &n, is_dir)?;
+                self.authorize_as(ident, caller, Operation::Rename, &o, is_dir)?;
+                self.authorize_as(ident, caller, Operation::Rename, &n, is_dir)?;
                 // Moving a secret to a name that is not sensitive would expose it, as for
                 // a file renamed on its own.
                 if !is_dir {
                     let intent = ident.intent();
-                    if let Err(d) = self.guard.check_read(intent.as_deref(), &o) {
-                        if self.guard.check_read(intent.as_deref(), &n).is_ok() {
-                            self.sensitive_read(ident, caller, &o, d)?;
+                    if let Err(d) = self.gate.guard.check_read(intent.as_deref(), &o) {
+                        if self.gate.guard.check_read(intent.as_deref(), &n).is_ok() {
+                            self.gate.sensitive_read(ident, caller, &o, d)?;
                         }
                     }
                 }
@@ -717,35 +722,35 @@ impl Fs {
         let to = self.child_rel(&np, newname)?;
         let src = sys::stat_at(pfd.as_fd(), name)?;
         let src_dir = src.st_mode & libc::S_IFMT == libc::S_IFDIR;
-        let ident = self.authorize(caller, "rename", &from, src_dir)?;
+        let ident = self.authorize(caller, Operation::Rename, &from, src_dir)?;
         // Renaming a secret to a name that is not sensitive would expose it.
-        if let Err(d) = self.guard.check_read(ident.intent().as_deref(), &from) {
+        if let Err(d) = self.gate.guard.check_read(ident.intent().as_deref(), &from) {
             if self
-                .guard
+                .gate.guard
                 .check_read(ident.intent().as_deref(), &to)
                 .is_ok()
             {
-                self.sensitive_read(&ident, caller, &from, d)?;
+                self.gate.sensitive_read(&ident, caller, &from, d)?;
             }
         }
         let dst = sys::stat_at(npfd.as_fd(), newname).ok();
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
         // A tool's temporary may take a free name next to in-scope files (vim renames the
         // file to `name~` before writing it anew); such a rename never replaces anything.
-        let to_temp = !exchange && self.temp_target(&ident, &to, src_dir, dst.is_some());
-        let from_temp = self.temps.covers(&ident.key, &from);
+        let to_temp = !exchange && self.gate.temp_target(&ident, &to, src_dir, dst.is_some());
+        let from_temp = self.gate.temps.covers(&ident.key, &from);
         let flags = if to_temp && dst.is_none() {
             flags | libc::RENAME_NOREPLACE
         } else {
             flags
         };
         if !to_temp {
-            self.authorize_as(&ident, caller, "rename", &to, src_dir)?;
+            self.authorize_as(&ident, caller, Operation::Rename, &to, src_dir)?;
         }
         self.check_git_layout(
             &ident,
             caller,
-            "rename",
+            Operation::Rename,
             npfd.as_fd(),
             to.parent().unwrap_or(Path::new("")),
             newname,
@@ -783,8 +788,8 @@ impl Fs {
             } else if dst_dir {
                 // Replacing a directory: it must be empty, so only its own name matters,
                 // unless it holds protected paths.
-                if let Some(rule) = self.guard.rules().protected.below(&to) {
-                    return Err(self.protected_below(&ident, caller, "rename", &to, rule));
+                if let Some(rule) = self.gate.guard.rules().protected.below(&to) {
+                    return Err(self.protected_below(&ident, caller, Operation::Rename, &to, rule));
                 }
             }
         }
@@ -800,10 +805,10 @@ impl Fs {
         // Stale checks: renaming a file away, and renaming over one (what `sed -i` and
         // editors do), both destroy a version the identity may not have seen.
         if !src_dir {
-            self.check_stale_at(&ident, caller, "rename", &from, pfd.as_fd(), name)?;
+            self.check_stale_at(&ident, caller, Operation::Rename, &from, pfd.as_fd(), name)?;
         }
         if dst.is_some() {
-            self.check_stale_at(&ident, caller, "rename", &to, npfd.as_fd(), newname)?;
+            self.check_stale_at(&ident, caller, Operation::Rename, &to, npfd.as_fd(), newname)?;
         }
         // A rename over a file (`sed -i`, editors, `os.replace`) is an edit of it: the entry
         // carries the lines that changed against the file it replaced, and both hashes.
@@ -814,7 +819,7 @@ impl Fs {
                     && d.st_mode & libc::S_IFMT == libc::S_IFREG
                     && src.st_mode & libc::S_IFMT == libc::S_IFREG
                     && !super::stale::untracked(&to)
-                    && self.guard.rules().policy.output_match(&to).is_none() =>
+                    && self.gate.guard.rules().policy.output_match(&to).is_none() =>
             {
                 let small = |dir, n| {
                     sys::openat_mode(
@@ -863,25 +868,25 @@ impl Fs {
         }
         sys::rename_at(pfd.as_fd(), name, npfd.as_fd(), newname, flags)?;
         if let Some((_, old, new)) = moved_ref {
-            self.record_ref(&ident, caller, &to, old, new)?;
+            self.gate.record_ref(&ident, caller, &to, old, new)?;
         }
         for (r, old, new) in packed.into_iter().flatten() {
             // `git pack-refs` copies loose refs in: the ref did not move.
             if new.is_some() && self.loose_value(&to, &r) == new {
                 continue;
             }
-            self.record_ref_named(&ident, caller, &to, &r, old, new)?;
+            self.gate.record_ref_named(&ident, caller, &to, &r, old, new)?;
         }
         match (from_temp, to_temp) {
-            (true, true) => self.temps.rename(&from, &to),
+            (true, true) => self.gate.temps.rename(&from, &to),
             (true, false) => {
-                self.temps.remove(&from);
-                self.temps.remove(&to);
+                self.gate.temps.remove(&from);
+                self.gate.temps.remove(&to);
             }
             (false, true) => self
-                .temps
+                .gate.temps
                 .add(&ident, caller, &to, src_dir, Some(from.clone())),
-            (false, false) => self.temps.remove(&to),
+            (false, false) => self.gate.temps.remove(&to),
         }
         if exchange {
             ident.swap_paths(&from, &to);
@@ -916,7 +921,7 @@ impl Fs {
             None if !src_dir
                 && src.st_mode & libc::S_IFMT == libc::S_IFREG
                 && !super::stale::untracked(&to)
-                && self.guard.rules().policy.output_match(&to).is_none() =>
+                && self.gate.guard.rules().policy.output_match(&to).is_none() =>
             {
                 let h = sys::openat_mode(
                     npfd.as_fd(),
@@ -971,7 +976,7 @@ impl Fs {
         let mut write_rel = None;
         // The file's names when opened for write (checked under the stale lock).
         let mut write_rels = None;
-        let epoch = self.guard.generation();
+        let epoch = self.gate.guard.generation();
         // An open for write holds the file's stale lock from its stale check through the
         // truncation (O_TRUNC) and the handle's setup: a concurrent stale-checked rename,
         // unlink, truncate or write of the same file either happened before the check (and
@@ -979,26 +984,26 @@ impl Fs {
         let mut _stale = Vec::new();
         let ident = if writable {
             _stale = self.table.stale_locks(&[(node.dev, node.ino)]);
-            let (ident, rels) = self.authorize_node_names(caller, "open-write", &node)?;
+            let (ident, rels) = self.authorize_node_names(caller, Operation::OpenWrite, &node)?;
             // A read-write handle reads too: a secret in scope still needs its approval.
             if acc == libc::O_RDWR {
                 for rel in &rels {
-                    if let Err(d) = self.guard.check_read(ident.intent().as_deref(), rel) {
-                        self.sensitive_read(&ident, caller, rel, d)?;
+                    if let Err(d) = self.gate.guard.check_read(ident.intent().as_deref(), rel) {
+                        self.gate.sensitive_read(&ident, caller, rel, d)?;
                     }
                 }
             }
             let fd = self.fd(&node)?;
-            self.check_stale_node(&ident, caller, "open-write", &node, &rels, fd.as_fd())?;
+            self.check_stale_node(&ident, caller, Operation::OpenWrite, &node, &rels, fd.as_fd())?;
             write_rel = Some(rels[0].clone());
             write_rels = Some(rels);
             ident
         } else {
-            let ident = self.ids.resolve(caller.pid);
+            let ident = self.gate.ids.resolve(caller.pid);
             // Every known name counts: a secret must not be readable through a hard link.
             for rel in self.alias_rels(&node) {
-                if let Err(d) = self.guard.check_read(ident.intent().as_deref(), &rel) {
-                    self.sensitive_read(&ident, caller, &rel, d)?;
+                if let Err(d) = self.gate.guard.check_read(ident.intent().as_deref(), &rel) {
+                    self.gate.sensitive_read(&ident, caller, &rel, d)?;
                 }
             }
             ident
@@ -1129,9 +1134,9 @@ impl Fs {
         if acc != libc::O_RDONLY && !f.writable() {
             return err(libc::EACCES);
         }
-        let ident = self.ids.resolve(caller.pid);
-        let rules = self.guard.rules();
-        let content = control::render(f, &ident, &self.ids, &rules.policy, &|| self.status_info());
+        let ident = self.gate.ids.resolve(caller.pid);
+        let rules = self.gate.guard.rules();
+        let content = control::render(f, &ident, &self.gate.ids, &rules.policy, &|| self.status_info());
         let h = CtlHandle {
             file: f,
             content,
@@ -1154,10 +1159,10 @@ impl Fs {
             workspace: self.cfg.workspace.display().to_string(),
             mountpoint: self.cfg.mountpoint.display().to_string(),
             policy: self.cfg.policy_path.display().to_string(),
-            policy_error: self.guard.reload_error(),
+            policy_error: self.gate.guard.reload_error(),
             nodes: self.table.len(),
             open_handles: self.table.open_handles(),
-            pending: match &self.approver {
+            pending: match &self.gate.approver {
                 super::approve::Approver::Human(b) => {
                     serde_json::to_value(b.pending()).unwrap_or_default()
                 }
@@ -1167,11 +1172,11 @@ impl Fs {
                 "lookups": self.counters.lookups.load(Ordering::Relaxed),
                 "listings": self.counters.listings.load(Ordering::Relaxed),
                 "opens": self.counters.opens.load(Ordering::Relaxed),
-                "mutations": self.counters.mutations.load(Ordering::Relaxed),
-                "denials": self.counters.denials.load(Ordering::Relaxed),
-                "probe_refusals": self.counters.probes.load(Ordering::Relaxed),
+                "mutations": self.gate.counters.mutations.load(Ordering::Relaxed),
+                "denials": self.gate.counters.denials.load(Ordering::Relaxed),
+                "probe_refusals": self.gate.counters.probes.load(Ordering::Relaxed),
                 "hashed_bytes": self.hashes.bytes.load(Ordering::Relaxed),
-                "temporaries": self.temps.len(),
+                "temporaries": self.gate.temps.len(),
                 "requests": self.counters.requests.to_json(),
                 "low_latency": self.low_latency.get().map(|l| {
                     let (bursts, held_ms) = l.stats();
@@ -1199,14 +1204,14 @@ impl Fs {
         check_name(name)?;
         let p = self.node(parent)?;
         let rel = self.child_rel(&p, name)?;
-        let ident = self.authorize(caller, "create", &rel, false)?;
+        let ident = self.authorize(caller, Operation::Create, &rel, false)?;
         let temp = super::temps::NEW_TEMP.with(|t| t.replace(false));
         let ident_intent = ident.intent();
         let pfd = self.fd(&p)?;
         self.check_git_layout(
             &ident,
             caller,
-            "create",
+            Operation::Create,
             pfd.as_fd(),
             rel.parent().unwrap_or(Path::new("")),
             name,
@@ -1219,7 +1224,7 @@ impl Fs {
             sys::create_at(pfd.as_fd(), name, flags, mode & !umask)?
         };
         if temp {
-            self.temps.add(&ident, caller, &rel, false, None);
+            self.gate.temps.add(&ident, caller, &rel, false, None);
         }
         let fd = sys::open_path(pfd.as_fd(), name)?;
         let st = sys::stat_fd(fd.as_fd())?;
@@ -1253,7 +1258,7 @@ impl Fs {
             pre_captured: AtomicBool::new(true),
             pre_image: Mutex::new(Some(Vec::new())),
             prev_hash: Mutex::new(None),
-            epoch: Mutex::new((ident_intent, self.guard.generation())),
+            epoch: Mutex::new((ident_intent, self.gate.guard.generation())),
             own_writes: AtomicBool::new(false),
             last_rel: Mutex::new(rel.clone()),
             open_rels: vec![rel.clone()],
@@ -1411,27 +1416,26 @@ impl Fs {
         }
         c.written[off..off + data.len()].copy_from_slice(data);
         let text = String::from_utf8_lossy(&c.written).into_owned();
-        let ident = self.ids.resolve(caller.pid);
-        let rules = self.guard.rules();
+        let ident = self.gate.ids.resolve(caller.pid);
+        let rules = self.gate.guard.rules();
         match control::apply_write(c.file, &ident, &rules.policy, &text) {
             Ok(None) => Ok(data.len()),
             Ok(Some((from, to))) => {
                 tracing::info!(agent = %ident.name, identity = %ident.key, "intent {from:?} -> {to:?}");
-                if let Some(l) = &self.ledger {
+                if let Some(l) = &self.gate.ledger {
                     let draft = Draft {
                         intent_id: to.clone(),
-                        agent: Some(self.agent(&ident, caller)),
+                        agent: Some(self.gate.agent(&ident, caller)),
                         mutation_type: Some(MutationType::Intent),
-                        outcome: "ok".into(),
-                        detail: Some(serde_json::json!({ "from": from, "to": to })),
+                                                detail: Some(serde_json::json!({ "from": from, "to": to })),
                         ..Default::default()
                     };
                     if let Err(e) = l.record(draft) {
                         // The switch is undone: a selection that is not on record did not happen.
                         *ident.intent.lock() = from;
-                        return Err(self.ledger_denial(
+                        return Err(self.gate.ledger_denial(
                             &ident,
-                            "select-intent",
+                            Operation::SelectIntent,
                             Path::new(".intentfs/intent"),
                             &e.to_string(),
                         ));
@@ -1441,7 +1445,7 @@ impl Fs {
             }
             Err(control::WriteError { errno, denial }) => {
                 tracing::info!(agent = %ident.name, "handshake refused: {}", denial.message);
-                let _ = self.deny(&ident, caller, *denial);
+                let _ = self.gate.deny(&ident, caller, *denial);
                 err(errno)
             }
         }
@@ -1770,13 +1774,13 @@ impl Fs {
         value: &[u8],
         flags: i32,
     ) -> Result<()> {
-        self.xattr_change(caller, nodeid, name, "setxattr", |fd| {
+        self.xattr_change(caller, nodeid, name, Operation::Setxattr, |fd| {
             sys::setxattr_fd(fd, name, value, flags)
         })
     }
 
     pub fn removexattr(&self, caller: &Caller, nodeid: u64, name: &OsStr) -> Result<()> {
-        self.xattr_change(caller, nodeid, name, "removexattr", |fd| {
+        self.xattr_change(caller, nodeid, name, Operation::Removexattr, |fd| {
             sys::removexattr_fd(fd, name)
         })
     }
@@ -1786,7 +1790,7 @@ impl Fs {
         caller: &Caller,
         nodeid: u64,
         name: &OsStr,
-        op: &str,
+        op: Operation,
         act: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> std::io::Result<()>,
     ) -> Result<()> {
         if control::is_control(nodeid) {
@@ -1805,74 +1809,6 @@ impl Fs {
         };
         self.record(&ident, caller, MutationType::Xattr, &rel, draft)?;
         Ok(())
-    }
-}
-
-impl Fs {
-    /// A sensitive path is being opened for reading: the policy's `approval.sensitive_read`
-    /// says whether to allow, refuse, or ask a human.
-    fn sensitive_read(
-        &self,
-        ident: &Arc<crate::guard::Identity>,
-        caller: &Caller,
-        rel: &Path,
-        d: crate::guard::Denial,
-    ) -> Result<()> {
-        use crate::guard::identity::GrantKind;
-        use crate::policy::SensitiveRead;
-        match self.guard.rules().policy.approval().sensitive_read {
-            SensitiveRead::Allow => Ok(()),
-            SensitiveRead::Deny => Err(self.deny(ident, caller, d)),
-            SensitiveRead::Ask => {
-                if ident.grants.lock().take(GrantKind::Read, rel) {
-                    return Ok(());
-                }
-                Err(FsError::Ask(Box::new(super::approve::AskSpec {
-                    kind: GrantKind::Read,
-                    ident: ident.clone(),
-                    caller: *caller,
-                    op: "read".into(),
-                    rel: rel.to_path_buf(),
-                    denial: d,
-                })))
-            }
-        }
-    }
-
-    /// Deletes need a human when the policy says `approval.delete: ask`.
-    fn delete_approval(
-        &self,
-        ident: &Arc<crate::guard::Identity>,
-        caller: &Caller,
-        op: &str,
-        rel: &Path,
-    ) -> Result<()> {
-        use crate::guard::identity::GrantKind;
-        if self.guard.rules().policy.approval().delete != crate::policy::DeleteRule::Ask {
-            return Ok(());
-        }
-        if ident.grants.lock().take(GrantKind::Delete, rel) {
-            return Ok(());
-        }
-        let d = crate::guard::Denial::new(
-            crate::guard::Code::ApprovalRejected,
-            op,
-            rel,
-            ident.intent().as_deref(),
-            format!(
-                "deleting {} needs a human's approval (policy approval.delete: ask)",
-                rel.display()
-            ),
-            "Do not delete this; ask the human, or leave the file in place.".into(),
-        );
-        Err(FsError::Ask(Box::new(super::approve::AskSpec {
-            kind: GrantKind::Delete,
-            ident: ident.clone(),
-            caller: *caller,
-            op: op.into(),
-            rel: rel.to_path_buf(),
-            denial: d,
-        })))
     }
 }
 

@@ -8,6 +8,7 @@
 //! (through another of its handles), the write is refused with `STALE_FILE`, so content
 //! another agent or a human wrote while this handle was open is never silently overwritten.
 
+use crate::guard::Operation;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -45,7 +46,7 @@ impl Fs {
         &self,
         ident: &Arc<Identity>,
         caller: &Caller,
-        op: &str,
+        op: Operation,
         rel: &Path,
         unread: bool,
         detail: &str,
@@ -79,7 +80,7 @@ impl Fs {
             message,
             remedy,
         );
-        self.deny(ident, caller, d)
+        self.gate.deny(ident, caller, d)
     }
 
     /// Refuse a mutation of the existing regular file behind `fd` (an `O_PATH` handle) if it
@@ -89,7 +90,7 @@ impl Fs {
         &self,
         ident: &Arc<Identity>,
         caller: &Caller,
-        op: &str,
+        op: Operation,
         rel: &Path,
         fd: BorrowedFd<'_>,
     ) -> Result<()> {
@@ -120,7 +121,7 @@ impl Fs {
         &self,
         ident: &Arc<Identity>,
         caller: &Caller,
-        op: &str,
+        op: Operation,
         node: &Node,
         rels: &[PathBuf],
         fd: BorrowedFd<'_>,
@@ -165,7 +166,7 @@ impl Fs {
         &self,
         ident: &Arc<Identity>,
         caller: &Caller,
-        op: &str,
+        op: Operation,
         rel: &Path,
         fd: BorrowedFd<'_>,
         views: Vec<(PathBuf, Option<(u32, Seen)>)>,
@@ -222,7 +223,7 @@ impl Fs {
             let Some((pid, seen)) = seen else { continue };
             let v = judge(Some(seen), now, false, &mut hash_now);
             tracing::debug!(
-                agent = %ident.name, op, rel = %vrel.display(), ino = now.ino,
+                agent = %ident.name, op = %op, rel = %vrel.display(), ino = now.ino,
                 seen_ino = seen.stamp.ino, seen = %hex::encode(&seen.hash[..6]),
                 fresh = matches!(v, Verdict::Fresh(_)), "stale check"
             );
@@ -256,7 +257,7 @@ impl Fs {
         &self,
         ident: &Arc<Identity>,
         caller: &Caller,
-        op: &str,
+        op: Operation,
         rel: &Path,
         parent_fd: BorrowedFd<'_>,
         name: &std::ffi::OsStr,
@@ -420,7 +421,7 @@ impl Fs {
         Err(self.stale_denial(
             &h.identity,
             &h.caller,
-            "write",
+            Operation::Write,
             &rel,
             false,
             "written by someone else while this agent had it open",
@@ -537,16 +538,16 @@ impl Fs {
         // A tripped breaker stops writes through handles opened before it tripped too.
         if h.identity.tripped.load(Ordering::Acquire) {
             return self
-                .authorize_node(&h.caller, "write", &h.node)
+                .authorize_node(&h.caller, Operation::Write, &h.node)
                 .map(drop)
                 .and(Err(FsError::Os(libc::EACCES)));
         }
-        let now = (h.identity.intent(), self.guard.generation());
+        let now = (h.identity.intent(), self.gate.guard.generation());
         if *h.epoch.lock() != now {
-            match self.authorize_node(&h.caller, "write", &h.node) {
+            match self.authorize_node(&h.caller, Operation::Write, &h.node) {
                 Ok(_) => *h.epoch.lock() = now,
                 Err(FsError::Ask(spec)) => {
-                    return Err(self.deny(&spec.ident, &spec.caller, spec.denial))
+                    return Err(self.gate.deny(&spec.ident, &spec.caller, spec.denial))
                 }
                 Err(e) => return Err(e),
             }

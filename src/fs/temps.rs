@@ -222,10 +222,10 @@ fn remove_tree(dir: std::os::fd::BorrowedFd<'_>, name: &OsStr) -> std::io::Resul
 impl Fs {
     /// Clean up temporaries their tools left behind (see the module doc). Returns how many.
     pub fn sweep_temps(&self) -> usize {
-        if self.temps.is_empty() {
+        if self.gate.temps.is_empty() {
             return 0;
         }
-        let due = self.temps.due(|key| self.ids.by_key(key).is_some());
+        let due = self.gate.temps.due(|key| self.gate.ids.by_key(key).is_some());
         let Ok(root) = self.fd(self.table.root()) else {
             return 0;
         };
@@ -238,9 +238,9 @@ impl Fs {
                 continue;
             };
             let ident = self
-                .ids
+                .gate.ids
                 .by_key(&t.identity)
-                .unwrap_or_else(|| self.ids.default_identity().clone());
+                .unwrap_or_else(|| self.gate.ids.default_identity().clone());
             let caller = Caller {
                 uid: 0,
                 gid: 0,
@@ -297,15 +297,14 @@ impl Fs {
         from: Option<&Path>,
     ) {
         tracing::info!(agent = %ident.name, path = %rel.display(), "a tool's temporary left behind: cleaned up ({mt:?})");
-        let Some(l) = &self.ledger else { return };
+        let Some(l) = &self.gate.ledger else { return };
         let draft = Draft {
             intent_id: ident.intent(),
-            agent: Some(self.agent(ident, caller)),
+            agent: Some(self.gate.agent(ident, caller)),
             mutation_type: Some(mt),
             path: Some(rel.to_path_buf()),
             from: from.map(Path::to_path_buf),
-            outcome: "ok".into(),
-            detail: Some(serde_json::json!({
+                        detail: Some(serde_json::json!({
                 "cleanup": "a tool's temporary outside the scope, left behind when its process or identity ended",
             })),
             ..Default::default()

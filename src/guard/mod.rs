@@ -9,10 +9,10 @@
 #![allow(clippy::result_large_err)]
 
 pub mod identity;
+pub mod op;
 pub mod stale;
 pub mod tracking;
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -21,45 +21,9 @@ use serde::Serialize;
 
 use crate::policy::{IntentIgnore, Policy};
 pub use identity::{tick, Identity, Intents};
+pub use crate::ledger::Code;
+pub use op::Operation;
 pub use tracking::Identities;
-
-/// Why an operation was refused. Every code answers `EACCES` to the syscall.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum Code {
-    NoIntent,
-    ScopeViolation,
-    ProtectedPath,
-    StaleFile,
-    SensitiveRead,
-    ApprovalRejected,
-    ApprovalTimeout,
-    CircuitOpen,
-    /// A handshake refused: an unknown, non-selectable or not-allowed intent id.
-    InvalidIntent,
-}
-
-impl Code {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Code::NoIntent => "NO_INTENT",
-            Code::ScopeViolation => "SCOPE_VIOLATION",
-            Code::ProtectedPath => "PROTECTED_PATH",
-            Code::StaleFile => "STALE_FILE",
-            Code::SensitiveRead => "SENSITIVE_READ",
-            Code::ApprovalRejected => "APPROVAL_REJECTED",
-            Code::ApprovalTimeout => "APPROVAL_TIMEOUT",
-            Code::CircuitOpen => "CIRCUIT_OPEN",
-            Code::InvalidIntent => "INVALID_INTENT",
-        }
-    }
-}
-
-impl fmt::Display for Code {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// A refusal, as `.intentfs/last_error` shows it and the ledger records it.
 #[derive(Clone, Debug, Serialize)]
@@ -78,7 +42,7 @@ pub struct Denial {
     /// The rule that decided, quoted.
     pub rule: Option<String>,
     /// The operation refused (`write`, `unlink`, `rename`, ...).
-    pub op: String,
+    pub op: Operation,
     /// When (RFC 3339).
     pub time: String,
 }
@@ -109,7 +73,7 @@ fn ser_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
 impl Denial {
     pub fn new(
         code: Code,
-        op: &str,
+        op: Operation,
         path: &Path,
         intent: Option<&str>,
         message: String,
@@ -122,7 +86,7 @@ impl Denial {
             message,
             remedy,
             rule: None,
-            op: op.to_owned(),
+            op,
             time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         }
     }
@@ -251,7 +215,7 @@ impl Guard {
     pub fn check_write(
         &self,
         intent: Option<&str>,
-        op: &str,
+        op: Operation,
         rel: &Path,
         is_dir: bool,
     ) -> Result<String, Denial> {
@@ -390,7 +354,7 @@ impl Guard {
         };
         Err(Denial::new(
             Code::SensitiveRead,
-            "read",
+            Operation::Read,
             rel,
             intent,
             format!("{} is sensitive: reading it needs a human's approval", show(rel)),

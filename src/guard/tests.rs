@@ -1,5 +1,6 @@
 //! Table-driven tests of the guard's decisions (no FUSE).
 
+use crate::guard::Operation;
 use std::path::{Path, PathBuf};
 
 use super::*;
@@ -116,7 +117,7 @@ fn write_decisions() {
         (Some("ALL"), "", true, Some(Code::ProtectedPath)),
     ];
     for (intent, path, is_dir, want) in cases {
-        let got = g.check_write(*intent, "write", Path::new(path), *is_dir);
+        let got = g.check_write(*intent, Operation::Write, Path::new(path), *is_dir);
         match (want, &got) {
             (None, Ok(_)) => {}
             (Some(code), Err(d)) => assert_eq!(d.code, *code, "{intent:?} {path}: {}", d.message),
@@ -132,7 +133,7 @@ fn write_decisions() {
 fn denial_carries_rule_and_remedy() {
     let g = guard("secrets/\n");
     let d = g
-        .check_write(Some("ALL"), "create", Path::new("secrets/x"), false)
+        .check_write(Some("ALL"), Operation::Create, Path::new("secrets/x"), false)
         .unwrap_err();
     assert!(
         d.rule.as_deref().unwrap_or("").contains("secrets/"),
@@ -140,7 +141,7 @@ fn denial_carries_rule_and_remedy() {
         d.rule
     );
     let d = g
-        .check_write(Some("INT-001"), "create", Path::new("README.md"), false)
+        .check_write(Some("INT-001"), Operation::Create, Path::new("README.md"), false)
         .unwrap_err();
     assert!(
         d.remedy.contains("src/auth/**"),
@@ -152,7 +153,7 @@ fn denial_carries_rule_and_remedy() {
     assert_eq!(v["path"], "README.md");
     assert_eq!(v["intent"], "INT-001");
     let ok = g
-        .check_write(Some("INT-001"), "create", Path::new("src/auth/a.ts"), false)
+        .check_write(Some("INT-001"), Operation::Create, Path::new("src/auth/a.ts"), false)
         .unwrap();
     assert!(
         ok.contains("src/auth/**"),

@@ -213,6 +213,66 @@ pub struct Vcs {
     pub revision: String,
 }
 
+/// How an entry's event ended. Written as its lower-case name (`"ok"`, `"denied"`...);
+/// entries read back keep the string ([`Entry::outcome`]), so an outcome a later version
+/// adds still reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Done.
+    #[default]
+    Ok,
+    /// Refused (a `DENIAL`).
+    Denied,
+    /// The circuit breaker tripped (a `DENIAL` naming no operation).
+    Tripped,
+    /// A human (or `--approver allow`) approved.
+    Approved,
+    /// A human (or `--approver deny`) rejected.
+    Rejected,
+    /// Nobody answered in time.
+    Timeout,
+    /// The writer repaired a torn tail at open.
+    Repaired,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Denied => "denied",
+            Outcome::Tripped => "tripped",
+            Outcome::Approved => "approved",
+            Outcome::Rejected => "rejected",
+            Outcome::Timeout => "timeout",
+            Outcome::Repaired => "repaired",
+        }
+    }
+
+    /// The outcome an entry names, if this version knows it.
+    pub fn parse(s: &str) -> Option<Outcome> {
+        [
+            Outcome::Ok,
+            Outcome::Denied,
+            Outcome::Tripped,
+            Outcome::Approved,
+            Outcome::Rejected,
+            Outcome::Timeout,
+            Outcome::Repaired,
+        ]
+        .into_iter()
+        .find(|o| o.as_str() == s)
+    }
+
+    /// Nothing changed on disk: a refusal, a rejected or unanswered request, a trip.
+    pub fn failed(self) -> bool {
+        matches!(
+            self,
+            Outcome::Denied | Outcome::Tripped | Outcome::Rejected | Outcome::Timeout
+        )
+    }
+}
+
 /// What the filesystem hands the ledger; the writer fills id, timestamp,
 /// mutation_class, vcs and prev.
 #[derive(Clone, Debug, Default)]
@@ -237,10 +297,10 @@ pub struct Draft {
     pub created: bool,
     /// Changed line ranges of the new version, 1-based inclusive.
     pub ranges: Option<Vec<(u32, u32)>>,
-    /// `"ok"`, `"denied"`, `"approved"`, `"rejected"`, `"repaired"`, ...
-    pub outcome: String,
-    /// Denial code, e.g. `"SCOPE_VIOLATION"`.
-    pub code: Option<String>,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Denial code.
+    pub code: Option<super::Code>,
     /// The rule that decided, quoted.
     pub rule: Option<String>,
     /// Free-form extra (approval channel, latency, mode bits...).

@@ -14,6 +14,7 @@
 
 pub mod agent_trace;
 pub mod blame;
+pub mod code;
 pub mod entry;
 pub mod map;
 pub mod ranges;
@@ -24,7 +25,8 @@ pub mod writer;
 #[cfg(test)]
 mod tests;
 
-pub use entry::{Agent, Draft, Entry, LineRange, MutationClass, MutationType, Vcs};
+pub use code::Code;
+pub use entry::{Agent, Draft, Entry, LineRange, MutationClass, MutationType, Outcome, Vcs};
 pub use map::{write_intent_map, IntentMapThread, IntentMapWriter};
 pub use ranges::{changed_ranges, sha256_bytes, sha256_file};
 pub use reader::{
@@ -78,7 +80,6 @@ pub fn ack_drafts(
             path: Some(rel),
             content_hash: hash,
             size,
-            outcome: "ok".into(),
             detail: Some(serde_json::json!({ "note": note, "deleted": deleted })),
             ..Default::default()
         });

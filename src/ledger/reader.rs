@@ -507,10 +507,7 @@ fn unfinished_writes(entries: &[(u64, Entry)]) -> HashMap<PathBuf, UnfinishedWri
 
 /// Outcomes that mean the mutation did not happen.
 pub fn outcome_failed(outcome: &str) -> bool {
-    matches!(
-        outcome,
-        "denied" | "rejected" | "failed" | "error" | "timeout"
-    )
+    super::Outcome::parse(outcome).is_some_and(super::Outcome::failed)
 }
 
 /// Moves every key equal to `from` or under `from/` to the same place under `to`.

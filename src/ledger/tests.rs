@@ -29,7 +29,6 @@ fn draft(t: MutationType, path: &str) -> Draft {
         agent: Some(agent("claude")),
         mutation_type: Some(t),
         path: Some(PathBuf::from(path)),
-        outcome: "ok".into(),
         ..Draft::default()
     }
 }
@@ -146,8 +145,8 @@ fn entries_for_each_mutation_type_with_real_hashes_and_field_order() {
             d.prev_content_hash = Some(sha256_bytes(b""));
         }
         if t == MutationType::Denial {
-            d.outcome = "denied".into();
-            d.code = Some("SCOPE_VIOLATION".into());
+            d.outcome = crate::ledger::Outcome::Denied;
+            d.code = Some(crate::ledger::Code::ScopeViolation);
             d.rule = Some("owned_scope: src/**".into());
             d.detail = Some(serde_json::json!({"op": "write"}));
         }

@@ -334,7 +334,7 @@ impl Ledger {
             );
             let draft = Draft {
                 mutation_type: Some(MutationType::LedgerRepair),
-                outcome: "repaired".to_owned(),
+                outcome: super::Outcome::Repaired,
                 detail: Some(serde_json::json!({
                     "removed_bytes": removed,
                     "removed_text_b64": b64_encode(&tail),
@@ -604,8 +604,8 @@ impl WriterState {
                     .collect()
             }),
             vcs: self.vcs.as_mut().and_then(GitHead::vcs),
-            outcome: d.outcome.clone(),
-            code: d.code.clone(),
+            outcome: d.outcome.as_str().to_owned(),
+            code: d.code.map(|c| c.as_str().to_owned()),
             rule: d.rule.clone(),
             detail: d.detail.clone(),
             prev: std::mem::take(&mut self.last_hash),

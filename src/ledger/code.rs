@@ -1,0 +1,50 @@
+//! Denial codes: the vocabulary shared by the guard (which refuses) and the ledger (which
+//! records refusals).
+
+use std::fmt;
+
+use serde::Serialize;
+
+/// Why an operation was refused (the guard's denial codes, as `last_error` and the ledger's
+/// `code` name them). Every code answers `EACCES` to the syscall.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Code {
+    NoIntent,
+    ScopeViolation,
+    ProtectedPath,
+    StaleFile,
+    SensitiveRead,
+    ApprovalRejected,
+    ApprovalTimeout,
+    CircuitOpen,
+    /// A handshake refused: an unknown, non-selectable or not-allowed intent id.
+    InvalidIntent,
+    /// The audit ledger cannot be written (disk full, failing): every mutation is refused
+    /// until it can, so nothing is acknowledged without its entry.
+    LedgerUnwritable,
+}
+
+impl Code {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::NoIntent => "NO_INTENT",
+            Code::ScopeViolation => "SCOPE_VIOLATION",
+            Code::ProtectedPath => "PROTECTED_PATH",
+            Code::StaleFile => "STALE_FILE",
+            Code::SensitiveRead => "SENSITIVE_READ",
+            Code::ApprovalRejected => "APPROVAL_REJECTED",
+            Code::ApprovalTimeout => "APPROVAL_TIMEOUT",
+            Code::CircuitOpen => "CIRCUIT_OPEN",
+            Code::InvalidIntent => "INVALID_INTENT",
+            Code::LedgerUnwritable => "LEDGER_UNWRITABLE",
+        }
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
