@@ -404,6 +404,8 @@ fn full_disk_under_the_ledger_only_fails_closed_and_resumes() {
         le["message"].as_str().unwrap_or("").contains("ledger"),
         "the refusal must say the ledger cannot be written: {le:#}"
     );
+    // Its own code: not a protected path, nothing the agent can fix by choosing another.
+    assert_eq!(le["code"], "LEDGER_UNWRITABLE", "{le:#}");
     // Other mutations fail closed too.
     assert!(std::fs::rename(tm.m("before.txt"), tm.m("renamed.txt")).is_err());
     assert!(std::fs::create_dir(tm.m("dir_while_full")).is_err());

@@ -681,7 +681,7 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
         .ok();
     let _ = ledger.record_nowait(crate::ledger::Draft {
         mutation_type: Some(crate::ledger::MutationType::Mount),
-                detail: Some(serde_json::json!({
+        detail: Some(serde_json::json!({
             "mountpoint": plan.mountpoint.display().to_string(),
             "policy": plan.policy_path.display().to_string(),
             "agent": plan.args.agent,
@@ -753,7 +753,7 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
     stop.store(true, Ordering::Relaxed);
     let _ = ledger.record(crate::ledger::Draft {
         mutation_type: Some(crate::ledger::MutationType::Unmount),
-                ..Default::default()
+        ..Default::default()
     });
     ledger.shutdown();
     drop(intent_map);

@@ -95,7 +95,6 @@ impl Fs {
             }),
         );
     }
-
 }
 
 /// The glob that matches exactly `rel` (its metacharacters escaped).

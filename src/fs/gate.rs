@@ -183,7 +183,8 @@ impl Gate {
         }
         let parent = rel.parent().unwrap_or(Path::new(""));
         let name = rel.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if it.temp_name(parent, name, op == Operation::Mkdir) || self.temps.covers(&ident.key, parent)
+        if it.temp_name(parent, name, op == Operation::Mkdir)
+            || self.temps.covers(&ident.key, parent)
         {
             temps::NEW_TEMP.with(|t| t.set(true));
             return true;

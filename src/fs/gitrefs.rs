@@ -163,9 +163,10 @@ impl Fs {
             };
             for p in paths.split('\0').filter(|p| !p.is_empty() && !is_oid(p)) {
                 let path = Path::new(p);
-                if let Err(d) = self
-                    .gate.guard
-                    .check_write(intent.as_deref(), Operation::Commit, path, false)
+                if let Err(d) =
+                    self.gate
+                        .guard
+                        .check_write(intent.as_deref(), Operation::Commit, path, false)
                 {
                     if self.gate.temps.covers(&ident.key, path) {
                         continue;

@@ -144,7 +144,8 @@ impl Fs {
     /// Append a lesson (see the module doc); the workspace path of the file written.
     pub(crate) fn append_lesson(&self, req: &LessonRequest) -> std::result::Result<String, String> {
         let ident = self
-            .gate.ids
+            .gate
+            .ids
             .by_key(&req.identity)
             .ok_or_else(|| format!("no identity {:?} on this mount", req.identity))?;
         let rules = self.gate.guard.rules();
@@ -217,7 +218,7 @@ impl Fs {
                 path: Some(target.clone()),
                 content_hash: hash.map(|(h, _)| super::hash::to_string(&h)),
                 size: hash.map(|(_, s)| s.size),
-                                detail: Some(serde_json::json!({
+                detail: Some(serde_json::json!({
                     "command": command,
                     "status": req.status,
                     "output_sha256": digest,

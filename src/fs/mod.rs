@@ -13,6 +13,7 @@ mod closer;
 pub mod error;
 pub mod gate;
 mod gitrefs;
+pub mod handle;
 pub mod hash;
 pub mod inode;
 mod lesson;
@@ -37,9 +38,10 @@ pub use error::{FsError, Result};
 use inode::{InodeTable, Node};
 
 use crate::control::CtlFile;
-pub use gate::Gate;
 use crate::guard::{Denial, Guard, Identities, Identity, Operation};
 use crate::ledger::{Draft, Ledger, MutationType};
+pub use gate::Gate;
+pub use handle::FileHandle;
 
 /// Who sent a request.
 #[derive(Clone, Copy, Debug)]
@@ -68,66 +70,6 @@ pub struct OpenOpts {
     /// Nothing to do at close (a read-only handle): the kernel need not send FLUSH, so
     /// `close(2)` does not wait for a round trip.
     pub noflush: bool,
-}
-
-/// An open regular file.
-pub struct FileHandle {
-    pub file: std::fs::File,
-    pub node: Arc<Node>,
-    pub identity: Arc<Identity>,
-    /// The caller that opened it (for the ledger entry at close).
-    pub caller: Caller,
-    /// Opened with write access.
-    pub writable: bool,
-    /// Changed (written, truncated, created) since the last ledger entry.
-    pub dirty: AtomicBool,
-    /// Written through `write`/`fallocate`/`copy_file_range` since the last entry.
-    pub wrote: AtomicBool,
-    /// This handle created the file.
-    pub created: AtomicBool,
-    /// The file's stamp after this handle's last own write (or its open): a different
-    /// stamp at the next write means someone else wrote in between.
-    pub expected: Mutex<Option<crate::guard::stale::Stamp>>,
-    /// The first read was recorded as "seen" for the identity.
-    pub read_recorded: AtomicBool,
-    /// What the file held was recorded for the identity without a read request (at
-    /// open, see `Fs::record_read_provisional`); a read request that comes still records
-    /// exactly what it returned.
-    pub provisional: AtomicBool,
-    /// The pre-image was taken (at an `O_TRUNC` open, or before the first write).
-    pub pre_captured: AtomicBool,
-    /// Content before this handle's writes (text files up to 1 MiB), for line ranges.
-    pub pre_image: Mutex<Option<Vec<u8>>>,
-    /// `(intent, policy generation)` the handle's writes were authorized under: a switch of
-    /// intent or a policy reload re-checks before the next write.
-    pub epoch: Mutex<(Option<String>, u64)>,
-    /// Hash of the content before this handle's writes, when known.
-    pub prev_hash: Mutex<Option<String>>,
-    /// The file's workspace path when last known (at open, then at each entry): the name
-    /// a WRITE is recorded under if the file lost every name while open (renamed over or
-    /// deleted before close).
-    pub last_rel: Mutex<PathBuf>,
-    /// The handle changed the content itself (write, truncate through it, fallocate,
-    /// copy_file_range) since it was opened.
-    pub own_writes: AtomicBool,
-    /// The file's names at open: what the identity sees through this handle is recorded
-    /// under them too, even if another identity renames the file over or away before the
-    /// first read (the agent reached the file through one of them).
-    pub open_rels: Vec<PathBuf>,
-    /// The content hash taken while the handle writes the file front to back (large
-    /// files: no full hashing at close).
-    pub seq: Mutex<hash::SeqHash>,
-    /// The last write check found the file changed since this handle's previous write
-    /// (by anyone, the identity included): the in-order hash no longer holds.
-    pub disturbed: AtomicBool,
-    /// Names this handle's entries in the ledger: its `CREATE` or `WRITE_BEGIN` (written
-    /// before the first byte lands) and the `WRITE` that completes it carry it as
-    /// `detail.handle`, so content a crash leaves is attributed to the handle that wrote it.
-    pub token: String,
-    /// Its `CREATE` or `WRITE_BEGIN` is on record.
-    pub begun: AtomicBool,
-    /// A rebase todo list: every write is checked not to add commands to run.
-    pub todo: bool,
 }
 
 /// An open control file: its rendered content, and what was written to it.

@@ -106,7 +106,7 @@ impl Operator for FsOperator {
                     },
                 )),
                 mutation_type: Some(MutationType::Identity),
-                                detail: Some(serde_json::json!({
+                detail: Some(serde_json::json!({
                     "intents": ident.allowed.describe(),
                     "tracking": anchor.kind(),
                     "require_read": ident.require_read,

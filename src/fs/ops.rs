@@ -8,7 +8,7 @@ use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -130,6 +130,15 @@ impl Fs {
             return err(libc::EPERM);
         }
         let node = self.node(nodeid)?;
+        // Only a regular file has a size to set: refuse before anything else changes (a
+        // request may carry a mode or owner with the size).
+        if a.size.is_some() && !node.is_reg() {
+            return err(if node.is_dir() {
+                libc::EISDIR
+            } else {
+                libc::EINVAL
+            });
+        }
         let op = if a.size.is_some() {
             Operation::Truncate
         } else if a.mode.is_some() {
@@ -157,9 +166,14 @@ impl Fs {
                 .filter(|h| h.writable && h.identity.key() == ident.key());
             match own {
                 Some(h) => self.before_modify(&h)?,
-                None => {
-                    self.check_stale_node(&ident, caller, Operation::Truncate, &node, &rels, fd.as_fd())?
-                }
+                None => self.check_stale_node(
+                    &ident,
+                    caller,
+                    Operation::Truncate,
+                    &node,
+                    &rels,
+                    fd.as_fd(),
+                )?,
             }
         }
         let before = sys::stat_fd(fd.as_fd())?;
@@ -174,13 +188,6 @@ impl Fs {
             sys::chown_fd(fd.as_fd(), a.uid, a.gid)?;
         }
         if let Some(size) = a.size {
-            if !node.is_reg() {
-                return err(if node.is_dir() {
-                    libc::EISDIR
-                } else {
-                    libc::EINVAL
-                });
-            }
             match fh
                 .and_then(|fh| self.file_handle(fh).ok())
                 .filter(|h| h.writable)
@@ -188,14 +195,15 @@ impl Fs {
                 Some(h) => {
                     // The handle's WRITE at close records what it leaves, with the lines
                     // changed since before its first change: the TRUNCATE entry says so.
-                    through_handle = Some(h.token.clone());
-                    h.seq.lock().off();
+                    if let Some(mut w) = h.write_state() {
+                        through_handle = Some(w.token.clone());
+                        w.seq.off();
+                    }
                     h.file.set_len(size)?;
                     if caller.uid != 0 && a.mode.is_none() {
                         self.kill_suidgid(h.file.as_fd(), caller);
                     }
-                    h.dirty.store(true, Ordering::Release);
-                    h.wrote.store(true, Ordering::Release);
+                    h.mark_changed();
                     self.after_write(&h);
                 }
                 None => {
@@ -726,7 +734,8 @@ impl Fs {
         // Renaming a secret to a name that is not sensitive would expose it.
         if let Err(d) = self.gate.guard.check_read(ident.intent().as_deref(), &from) {
             if self
-                .gate.guard
+                .gate
+                .guard
                 .check_read(ident.intent().as_deref(), &to)
                 .is_ok()
             {
@@ -808,7 +817,14 @@ impl Fs {
             self.check_stale_at(&ident, caller, Operation::Rename, &from, pfd.as_fd(), name)?;
         }
         if dst.is_some() {
-            self.check_stale_at(&ident, caller, Operation::Rename, &to, npfd.as_fd(), newname)?;
+            self.check_stale_at(
+                &ident,
+                caller,
+                Operation::Rename,
+                &to,
+                npfd.as_fd(),
+                newname,
+            )?;
         }
         // A rename over a file (`sed -i`, editors, `os.replace`) is an edit of it: the entry
         // carries the lines that changed against the file it replaced, and both hashes.
@@ -875,7 +891,8 @@ impl Fs {
             if new.is_some() && self.loose_value(&to, &r) == new {
                 continue;
             }
-            self.gate.record_ref_named(&ident, caller, &to, &r, old, new)?;
+            self.gate
+                .record_ref_named(&ident, caller, &to, &r, old, new)?;
         }
         match (from_temp, to_temp) {
             (true, true) => self.gate.temps.rename(&from, &to),
@@ -884,7 +901,8 @@ impl Fs {
                 self.gate.temps.remove(&to);
             }
             (false, true) => self
-                .gate.temps
+                .gate
+                .temps
                 .add(&ident, caller, &to, src_dir, Some(from.clone())),
             (false, false) => self.gate.temps.remove(&to),
         }
@@ -994,7 +1012,14 @@ impl Fs {
                 }
             }
             let fd = self.fd(&node)?;
-            self.check_stale_node(&ident, caller, Operation::OpenWrite, &node, &rels, fd.as_fd())?;
+            self.check_stale_node(
+                &ident,
+                caller,
+                Operation::OpenWrite,
+                &node,
+                &rels,
+                fd.as_fd(),
+            )?;
             write_rel = Some(rels[0].clone());
             write_rels = Some(rels);
             ident
@@ -1053,33 +1078,25 @@ impl Fs {
                 open_rels.push(rel);
             }
         }
-        let h = FileHandle {
+        let write = write_rel.clone().map(|rel| super::handle::WriteOpen {
+            rel,
+            token,
+            epoch: (open_intent, epoch),
+            created: false,
+            truncated: flags & libc::O_TRUNC != 0,
+            pre_image: pre,
+            prev_hash: pre_hash,
+            begun: truncates,
+        });
+        let h = FileHandle::new(
             file,
             node,
-            identity: ident,
-            caller: *caller,
-            writable: acc != libc::O_RDONLY,
-            dirty: AtomicBool::new(flags & libc::O_TRUNC != 0),
-            created: AtomicBool::new(false),
-            wrote: AtomicBool::new(false),
-            expected: Mutex::new(None),
-            read_recorded: AtomicBool::new(false),
-            provisional: AtomicBool::new(false),
-            pre_captured: AtomicBool::new(pre.is_some()),
-            pre_image: Mutex::new(pre),
-            prev_hash: Mutex::new(pre_hash),
-            epoch: Mutex::new((open_intent, epoch)),
-            own_writes: AtomicBool::new(false),
-            last_rel: Mutex::new(write_rel.clone().unwrap_or_default()),
+            ident,
+            *caller,
+            acc != libc::O_RDONLY,
             open_rels,
-            seq: Mutex::new(Default::default()),
-            disturbed: AtomicBool::new(false),
-            token,
-            begun: AtomicBool::new(truncates),
-            todo: write_rel
-                .as_deref()
-                .is_some_and(super::gitrefs::is_rebase_todo),
-        };
+            write,
+        );
         let mut keep_cache = false;
         let mut passthrough = false;
         if let Some(rel) = &write_rel {
@@ -1136,7 +1153,9 @@ impl Fs {
         }
         let ident = self.gate.ids.resolve(caller.pid);
         let rules = self.gate.guard.rules();
-        let content = control::render(f, &ident, &self.gate.ids, &rules.policy, &|| self.status_info());
+        let content = control::render(f, &ident, &self.gate.ids, &rules.policy, &|| {
+            self.status_info()
+        });
         let h = CtlHandle {
             file: f,
             content,
@@ -1243,31 +1262,24 @@ impl Fs {
             self.table.forget(node.nodeid, 1);
             return Err(e);
         }
-        let h = FileHandle {
+        let h = FileHandle::new(
             file,
-            node: node.clone(),
-            identity: ident,
-            caller: *caller,
-            writable: flags & libc::O_ACCMODE != libc::O_RDONLY,
-            dirty: AtomicBool::new(false),
-            created: AtomicBool::new(true),
-            wrote: AtomicBool::new(false),
-            expected: Mutex::new(None),
-            read_recorded: AtomicBool::new(false),
-            provisional: AtomicBool::new(false),
-            pre_captured: AtomicBool::new(true),
-            pre_image: Mutex::new(Some(Vec::new())),
-            prev_hash: Mutex::new(None),
-            epoch: Mutex::new((ident_intent, self.gate.guard.generation())),
-            own_writes: AtomicBool::new(false),
-            last_rel: Mutex::new(rel.clone()),
-            open_rels: vec![rel.clone()],
-            seq: Mutex::new(Default::default()),
-            disturbed: AtomicBool::new(false),
-            token,
-            begun: AtomicBool::new(true),
-            todo: super::gitrefs::is_rebase_todo(&rel),
-        };
+            node.clone(),
+            ident,
+            *caller,
+            flags & libc::O_ACCMODE != libc::O_RDONLY,
+            vec![rel.clone()],
+            Some(super::handle::WriteOpen {
+                rel: rel.clone(),
+                token,
+                epoch: (ident_intent, self.gate.guard.generation()),
+                created: true,
+                truncated: false,
+                pre_image: None,
+                prev_hash: None,
+                begun: true,
+            }),
+        );
         self.prepare_write_handle(&h, &rel);
         let h = Arc::new(h);
         self.note_open(&h);
@@ -1292,7 +1304,8 @@ impl Fs {
         let h = self.file_handle(fh)?;
         // The first read from offset 0 that reaches end of file returned the whole file:
         // what the identity saw is exactly those bytes.
-        let before = (offset == 0 && !h.read_recorded.load(Ordering::Acquire))
+        let recorded = h.read_state().recorded;
+        let before = (offset == 0 && !recorded)
             .then(|| sys::stat_fd(h.file.as_fd()).ok())
             .flatten();
         let buf = sys::pread_exact_or_eof(&h.file, offset, size as usize)?;
@@ -1303,7 +1316,7 @@ impl Fs {
             }
             // A partial read: the file's content now, unless something more exact (or
             // at least earlier) is on record for this handle.
-            _ if !h.provisional.load(Ordering::Acquire) => self.record_read(&h, caller.pid),
+            _ if !h.read_state().provisional => self.record_read(&h, caller.pid),
             _ => {}
         }
         Ok(buf)
@@ -1377,22 +1390,26 @@ impl Fs {
         // write (see `InodeTable::stale_locks`).
         let _stale = self.table.stale_locks(&[(h.node.dev, h.node.ino)]);
         self.before_modify(&h)?;
-        if h.todo {
+        if h.is_todo() {
             self.check_todo_write(&h, offset, data)?;
         }
-        let undisturbed = !h.disturbed.swap(false, Ordering::AcqRel);
+        let undisturbed = match h.write_state() {
+            Some(mut w) => !std::mem::take(&mut w.disturbed),
+            None => return err(libc::EBADF),
+        };
         let r = h.file.write_all_at(data, offset);
         if kill_suidgid && r.is_ok() {
             self.kill_suidgid(h.file.as_fd(), caller);
         }
-        h.seq
-            .lock()
-            .wrote(offset, data.len() as u64, undisturbed && r.is_ok(), || {
-                let fd = self.fd(&h.node).ok()?;
-                sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY).ok()
-            });
-        h.dirty.store(true, Ordering::Release);
-        h.wrote.store(true, Ordering::Release);
+        if let Some(mut w) = h.write_state() {
+            w.seq
+                .wrote(offset, data.len() as u64, undisturbed && r.is_ok(), || {
+                    let fd = self.fd(&h.node).ok()?;
+                    sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY).ok()
+                });
+            w.dirty = true;
+            w.wrote = true;
+        }
         // Even a failed write (ENOSPC) may have moved mtime: it was this handle's own doing.
         self.after_write(&h);
         r?;
@@ -1427,7 +1444,7 @@ impl Fs {
                         intent_id: to.clone(),
                         agent: Some(self.gate.agent(&ident, caller)),
                         mutation_type: Some(MutationType::Intent),
-                                                detail: Some(serde_json::json!({ "from": from, "to": to })),
+                        detail: Some(serde_json::json!({ "from": from, "to": to })),
                         ..Default::default()
                     };
                     if let Err(e) = l.record(draft) {
@@ -1461,7 +1478,7 @@ impl Fs {
         // Only a handle that wrote since its last entry records here: `echo x > f` closes a
         // duplicate of the truncating fd before writing, which must not make an entry of
         // the empty file. A truncate-only or create-only handle records at release.
-        if h.wrote.load(Ordering::Acquire) {
+        if h.write_state().is_some_and(|w| w.wrote) {
             self.record_write_noting(&h)?;
         }
         Ok(())
@@ -1478,7 +1495,7 @@ impl Fs {
     /// The WRITE entry of a handle, and the identity's view under the names it opened the
     /// file by (see [`Fs::note_open_names`]).
     fn record_write_noting(&self, h: &FileHandle) -> Result<()> {
-        let dirty = h.dirty.load(Ordering::Acquire);
+        let dirty = h.write_state().is_some_and(|w| w.dirty);
         // The entry's path, content hash and place in the ledger are taken under the file's
         // stale lock: a rename of the file either comes before (the entry has the new name)
         // or after (the rename's entry follows), never between the name and the append.
@@ -1510,13 +1527,14 @@ impl Fs {
         }
         let _stale = self.table.stale_locks(&[(h.node.dev, h.node.ino)]);
         self.before_modify(&h)?;
-        h.seq.lock().off();
+        if let Some(mut w) = h.write_state() {
+            w.seq.off();
+        }
         sys::fallocate(&h.file, mode, offset, len)?;
         if h.caller.uid != 0 {
             self.kill_suidgid(h.file.as_fd(), &h.caller);
         }
-        h.dirty.store(true, Ordering::Release);
-        h.wrote.store(true, Ordering::Release);
+        h.mark_changed();
         self.after_write(&h);
         Ok(())
     }
@@ -1535,19 +1553,20 @@ impl Fs {
         if !ho.writable {
             return err(libc::EBADF);
         }
-        if ho.todo {
+        if ho.is_todo() {
             // Writes to a rebase todo list are checked as text: let the tool write it.
             return err(libc::EXDEV);
         }
         let _stale = self.table.stale_locks(&[(ho.node.dev, ho.node.ino)]);
         self.before_modify(&ho)?;
-        ho.seq.lock().off();
+        if let Some(mut w) = ho.write_state() {
+            w.seq.off();
+        }
         let n = sys::copy_file_range(&hi.file, off_in, &ho.file, off_out, len, flags)?;
         if ho.caller.uid != 0 {
             self.kill_suidgid(ho.file.as_fd(), &ho.caller);
         }
-        ho.dirty.store(true, Ordering::Release);
-        ho.wrote.store(true, Ordering::Release);
+        ho.mark_changed();
         self.after_write(&ho);
         Ok(n)
     }
@@ -1555,11 +1574,6 @@ impl Fs {
     pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64> {
         let h = self.file_handle(fh)?;
         Ok(sys::lseek(&h.file, offset, whence)?)
-    }
-
-    pub fn flock(&self, fh: u64, op: i32) -> Result<()> {
-        let h = self.file_handle(fh)?;
-        Ok(sys::flock(&h.file, op)?)
     }
 
     // ----- directories -------------------------------------------------------------

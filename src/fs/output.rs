@@ -109,7 +109,7 @@ impl Bursts {
                 mutation_type: Some(MutationType::Output),
                 path: Some(b.root),
                 size: Some(b.bytes),
-                                rule: Some(b.rule),
+                rule: Some(b.rule),
                 detail: Some(serde_json::json!({
                     "mutations": total,
                     "counts": b.counts,

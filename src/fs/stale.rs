@@ -8,6 +8,7 @@
 //! (through another of its handles), the write is refused with `STALE_FILE`, so content
 //! another agent or a human wrote while this handle was open is never silently overwritten.
 
+use super::handle::WriteState;
 use crate::guard::Operation;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
@@ -274,8 +275,11 @@ impl Fs {
     /// never after an exact record, and it does not stop a later read request from
     /// recording exactly what it returned.
     pub(crate) fn record_read_provisional(&self, h: &FileHandle, pid: u32) {
-        if h.read_recorded.load(Ordering::Acquire) || h.provisional.swap(true, Ordering::AcqRel) {
-            return;
+        {
+            let mut r = h.read_state();
+            if r.recorded || std::mem::replace(&mut r.provisional, true) {
+                return;
+            }
         }
         self.record_content_now(h, pid, "read recorded (provisional)");
     }
@@ -283,7 +287,7 @@ impl Fs {
     /// A read that cannot be recorded exactly (not from offset 0, or not to the end):
     /// what the file holds now, once per handle.
     pub(crate) fn record_read(&self, h: &FileHandle, pid: u32) {
-        if h.read_recorded.swap(true, Ordering::AcqRel) {
+        if std::mem::replace(&mut h.read_state().recorded, true) {
             return;
         }
         self.record_content_now(h, pid, "read recorded");
@@ -305,7 +309,7 @@ impl Fs {
     /// the reader with a version it never saw). When the stamp moved during the read, the
     /// view gets a stamp that matches no file, so the next check compares content.
     pub(crate) fn record_read_bytes(&self, h: &FileHandle, pid: u32, before: Stamp, bytes: &[u8]) {
-        if h.read_recorded.swap(true, Ordering::AcqRel) {
+        if std::mem::replace(&mut h.read_state().recorded, true) {
             return;
         }
         self.record_seen(h, pid, "read recorded (bytes)", || {
@@ -402,11 +406,16 @@ impl Fs {
     /// writer's own chmod/chown, as `sed -i` does on its temp file) does not count.
     pub(crate) fn check_write_race(&self, h: &FileHandle) -> Result<()> {
         let cur = race_stamp(&sys::stat_fd(h.file.as_fd())?);
-        let expected = *h.expected.lock();
-        if expected == Some(cur) {
-            return Ok(());
-        }
-        h.disturbed.store(true, Ordering::Release);
+        let expected = {
+            let Some(mut w) = h.write_state() else {
+                return Ok(());
+            };
+            if w.expected == Some(cur) {
+                return Ok(());
+            }
+            w.disturbed = true;
+            w.expected
+        };
         let key = h.identity.key();
         let ours = self
             .last_writer
@@ -431,13 +440,14 @@ impl Fs {
     /// The hash a handle took while writing the file in order (see [`hash::SeqHash`]),
     /// if the file is still exactly that: untouched since the handle's last write.
     fn seq_hash(&self, h: &FileHandle, f: &std::fs::File) -> Option<([u8; 32], Stamp)> {
-        let mut seq = h.seq.lock();
+        let mut w = h.write_state()?;
         let st = sys::stat_fd(f.as_fd()).ok()?;
-        if Some(race_stamp(&st)) != *h.expected.lock() {
-            seq.off();
+        if Some(race_stamp(&st)) != w.expected {
+            w.seq.off();
             return None;
         }
-        let h32 = seq.finish(st.st_size as u64)?;
+        let h32 = w.seq.finish(st.st_size as u64)?;
+        drop(w);
         let after = sys::stat_fd(f.as_fd()).ok()?;
         if race_stamp(&after) != race_stamp(&st) {
             return None;
@@ -450,7 +460,7 @@ impl Fs {
     /// Whether the file behind `h` changed after the handle's last own change, by someone
     /// other than its identity.
     fn superseded(&self, h: &FileHandle) -> bool {
-        let Some(expected) = *h.expected.lock() else {
+        let Some(expected) = h.write_state().and_then(|w| w.expected) else {
             return false;
         };
         let Ok(st) = sys::stat_fd(h.file.as_fd()) else {
@@ -470,9 +480,11 @@ impl Fs {
 
     /// After a write through `h`: remember the stamp it left.
     pub(crate) fn after_write(&self, h: &FileHandle) {
-        h.own_writes.store(true, Ordering::Release);
+        let Some(mut w) = h.write_state() else { return };
+        w.own_writes = true;
         if let Ok(st) = sys::stat_fd(h.file.as_fd()) {
-            *h.expected.lock() = Some(race_stamp(&st));
+            w.expected = Some(race_stamp(&st));
+            drop(w);
             self.note_own_change(&h.node, &h.identity, &st);
         }
     }
@@ -515,17 +527,18 @@ impl Fs {
     /// previous content hash when the cache already knows it (never reads the file: the
     /// pre-image for line ranges is taken at the first write, see [`Fs::before_modify`]).
     pub(crate) fn prepare_write_handle(&self, h: &FileHandle, rel: &Path) {
+        let Some(mut w) = h.write_state() else { return };
         if let Ok(st) = sys::stat_fd(h.file.as_fd()) {
-            *h.expected.lock() = Some(race_stamp(&st));
+            w.expected = Some(race_stamp(&st));
             if st.st_size == 0 {
-                *h.seq.lock() = hash::SeqHash::start();
+                w.seq = hash::SeqHash::start();
             }
-            if untracked(rel) || h.created.load(Ordering::Relaxed) {
+            if untracked(rel) || w.created {
                 return;
             }
-            if h.prev_hash.lock().is_none() {
+            if w.prev_hash.is_none() {
                 if let Some(hh) = self.hashes.cached(&stamp_of(&st)) {
-                    *h.prev_hash.lock() = Some(hash::to_string(&hh));
+                    w.prev_hash = Some(hash::to_string(&hh));
                 }
             }
         }
@@ -543,9 +556,16 @@ impl Fs {
                 .and(Err(FsError::Os(libc::EACCES)));
         }
         let now = (h.identity.intent(), self.gate.guard.generation());
-        if *h.epoch.lock() != now {
+        let Some(epoch) = h.write_state().map(|w| w.epoch.clone()) else {
+            return Err(FsError::Os(libc::EBADF));
+        };
+        if epoch != now {
             match self.authorize_node(&h.caller, Operation::Write, &h.node) {
-                Ok(_) => *h.epoch.lock() = now,
+                Ok(_) => {
+                    if let Some(mut w) = h.write_state() {
+                        w.epoch = now;
+                    }
+                }
                 Err(FsError::Ask(spec)) => {
                     return Err(self.gate.deny(&spec.ident, &spec.caller, spec.denial))
                 }
@@ -553,17 +573,21 @@ impl Fs {
             }
         }
         self.check_write_race(h)?;
-        let first = !h.pre_captured.swap(true, Ordering::AcqRel);
+        let first = h
+            .write_state()
+            .is_some_and(|mut w| !std::mem::replace(&mut w.pre_captured, true));
         if first {
             let rel = self.display_rel(&h.node);
             if !untracked(&rel) {
                 if let Ok(fd) = self.fd(&h.node) {
                     if let Ok(f) = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY) {
                         if let Some(bytes) = hash::read_small(&f, RANGE_LIMIT) {
-                            if h.prev_hash.lock().is_none() {
-                                *h.prev_hash.lock() = Some(crate::ledger::sha256_bytes(&bytes));
+                            if let Some(mut w) = h.write_state() {
+                                if w.prev_hash.is_none() {
+                                    w.prev_hash = Some(crate::ledger::sha256_bytes(&bytes));
+                                }
+                                w.pre_image = Some(bytes);
                             }
-                            *h.pre_image.lock() = Some(bytes);
                         }
                     }
                 }
@@ -577,14 +601,21 @@ impl Fs {
     /// content before (when known) and the handle's token; if it cannot be written, the
     /// change is refused like any mutation the ledger cannot take.
     pub(crate) fn begin_write(&self, h: &FileHandle) -> Result<()> {
-        if h.begun.swap(true, Ordering::AcqRel) {
-            return Ok(());
-        }
+        let (prev, token) = {
+            let Some(mut w) = h.write_state() else {
+                return Ok(());
+            };
+            if std::mem::replace(&mut w.begun, true) {
+                return Ok(());
+            }
+            (w.prev_hash.clone(), w.token.clone())
+        };
         let rel = self.display_rel(&h.node);
-        let prev = h.prev_hash.lock().clone();
-        let r = self.record_begin(&h.identity, &h.caller, &rel, prev, &h.token);
+        let r = self.record_begin(&h.identity, &h.caller, &rel, prev, &token);
         if r.is_err() {
-            h.begun.store(false, Ordering::Release);
+            if let Some(mut w) = h.write_state() {
+                w.begun = false;
+            }
         }
         r
     }
@@ -592,10 +623,16 @@ impl Fs {
     /// Ledger a handle's writes if it wrote since its last entry, and record the result as
     /// seen by its identity (its own writes never make it stale).
     pub(crate) fn record_write(&self, h: &FileHandle) -> Result<()> {
-        if !h.dirty.swap(false, Ordering::AcqRel) {
-            return Ok(());
-        }
-        h.wrote.store(false, Ordering::Release);
+        let created = {
+            let Some(mut w) = h.write_state() else {
+                return Ok(());
+            };
+            if !std::mem::take(&mut w.dirty) {
+                return Ok(());
+            }
+            w.wrote = false;
+            std::mem::take(&mut w.created)
+        };
         // The file may have lost every name while open (renamed over, deleted): the entry
         // then keeps the name it was written under and says it is detached, so `ledger
         // verify` does not expect its content at that path any more.
@@ -605,11 +642,16 @@ impl Fs {
             .and_then(|v| v.into_iter().next())
         {
             Some(r) => {
-                *h.last_rel.lock() = r.clone();
+                if let Some(mut w) = h.write_state() {
+                    w.last_rel = r.clone();
+                }
                 (r, false)
             }
             None => {
-                let last = h.last_rel.lock().clone();
+                let last = h
+                    .write_state()
+                    .map(|w| w.last_rel.clone())
+                    .unwrap_or_default();
                 if last.as_os_str().is_empty() {
                     (self.display_rel(&h.node), false)
                 } else {
@@ -618,7 +660,7 @@ impl Fs {
             }
         };
         let mut draft = Draft {
-            created: h.created.swap(false, Ordering::AcqRel),
+            created,
             detail: detached.then(|| {
                 serde_json::json!({
                     "detached": true,
@@ -634,7 +676,8 @@ impl Fs {
         // create) and says it was superseded; the identity's views are left alone (taking
         // the other content as its own would hide that change from its stale checks).
         if self.superseded(h) {
-            let own_writes = h.own_writes.load(Ordering::Acquire);
+            let mut w = h.write_state().ok_or(FsError::Os(libc::EBADF))?;
+            let own_writes = w.own_writes;
             let mut detail = serde_json::json!({
                 "superseded": true,
                 "note": "another agent or a tool changed the file after this handle's last change; the content there is theirs",
@@ -647,12 +690,13 @@ impl Fs {
                 let empty = crate::ledger::sha256_bytes(b"");
                 draft.content_hash = Some(empty.clone());
                 draft.size = Some(0);
-                draft.prev_content_hash = h.prev_hash.lock().replace(empty);
+                draft.prev_content_hash = w.prev_hash.replace(empty);
             } else {
-                draft.prev_content_hash = h.prev_hash.lock().take();
+                draft.prev_content_hash = w.prev_hash.take();
             }
-            *h.pre_image.lock() = None;
-            with_token(&mut draft, h);
+            w.pre_image = None;
+            with_token(&mut draft, &w);
+            drop(w);
             return self.record(&h.identity, &h.caller, MutationType::Write, &rel, draft);
         }
         let reopened = self
@@ -669,15 +713,14 @@ impl Fs {
                 Some(bytes) => {
                     let before = sys::stat_fd(f.as_fd()).ok().map(|s| stamp_of(&s));
                     let pre = h
-                        .pre_image
-                        .lock()
-                        .take()
+                        .write_state()
+                        .and_then(|mut w| w.pre_image.replace(bytes.clone()))
                         .or_else(|| draft.created.then(Vec::new));
+                    // (The new content is the next version's pre-image, for a handle
+                    // that writes again.)
                     if let Some(pre) = pre {
                         draft.ranges = changed_ranges(&pre, &bytes);
                     }
-                    // Next version's pre-image, for a handle that writes again.
-                    *h.pre_image.lock() = Some(bytes.clone());
                     match before {
                         Some(s) if s.size == bytes.len() as u64 => {
                             Some((self.hashes.of_bytes(Some(s), &bytes), s))
@@ -706,10 +749,14 @@ impl Fs {
                             .saw_own(&alias, h.caller.pid, Seen { stamp, hash: h32 });
                     }
                 }
-                draft.prev_content_hash = h.prev_hash.lock().replace(hash::to_string(&h32));
+                draft.prev_content_hash = h
+                    .write_state()
+                    .and_then(|mut w| w.prev_hash.replace(hash::to_string(&h32)));
             }
         }
-        with_token(&mut draft, h);
+        if let Some(w) = h.write_state() {
+            with_token(&mut draft, &w);
+        }
         self.record(&h.identity, &h.caller, MutationType::Write, &rel, draft)
     }
 
@@ -735,13 +782,13 @@ impl Fs {
 }
 
 /// `detail.handle` of a WRITE entry: the token of the `CREATE`/`WRITE_BEGIN` it completes.
-fn with_token(draft: &mut Draft, h: &FileHandle) {
-    if !h.begun.load(Ordering::Acquire) {
+fn with_token(draft: &mut Draft, w: &WriteState) {
+    if !w.begun {
         return;
     }
     let d = draft.detail.get_or_insert_with(|| serde_json::json!({}));
     if let Some(m) = d.as_object_mut() {
-        m.insert("handle".into(), h.token.clone().into());
+        m.insert("handle".into(), w.token.clone().into());
     }
 }
 

@@ -562,12 +562,6 @@ pub fn lseek(file: &std::fs::File, offset: i64, whence: i32) -> io::Result<i64> 
     }
 }
 
-/// `flock` on an open file (BSD locks, forwarded when the kernel asks).
-pub fn flock(file: &std::fs::File, op: i32) -> io::Result<()> {
-    // SAFETY: plain syscall.
-    check(unsafe { libc::flock(file.as_raw_fd(), op) }).map(drop)
-}
-
 /// Switch this thread's filesystem uid/gid for creating entries on behalf of a caller, and
 /// switch back on drop. `setfsuid` is per thread on Linux, so other workers are unaffected.
 pub struct FsCred {

@@ -225,7 +225,10 @@ impl Fs {
         if self.gate.temps.is_empty() {
             return 0;
         }
-        let due = self.gate.temps.due(|key| self.gate.ids.by_key(key).is_some());
+        let due = self
+            .gate
+            .temps
+            .due(|key| self.gate.ids.by_key(key).is_some());
         let Ok(root) = self.fd(self.table.root()) else {
             return 0;
         };
@@ -238,7 +241,8 @@ impl Fs {
                 continue;
             };
             let ident = self
-                .gate.ids
+                .gate
+                .ids
                 .by_key(&t.identity)
                 .unwrap_or_else(|| self.gate.ids.default_identity().clone());
             let caller = Caller {
@@ -304,7 +308,7 @@ impl Fs {
             mutation_type: Some(mt),
             path: Some(rel.to_path_buf()),
             from: from.map(Path::to_path_buf),
-                        detail: Some(serde_json::json!({
+            detail: Some(serde_json::json!({
                 "cleanup": "a tool's temporary outside the scope, left behind when its process or identity ended",
             })),
             ..Default::default()

@@ -19,9 +19,9 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 
+pub use crate::ledger::Code;
 use crate::policy::{IntentIgnore, Policy};
 pub use identity::{tick, Identity, Intents};
-pub use crate::ledger::Code;
 pub use op::Operation;
 pub use tracking::Identities;
 

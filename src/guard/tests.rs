@@ -133,7 +133,12 @@ fn write_decisions() {
 fn denial_carries_rule_and_remedy() {
     let g = guard("secrets/\n");
     let d = g
-        .check_write(Some("ALL"), Operation::Create, Path::new("secrets/x"), false)
+        .check_write(
+            Some("ALL"),
+            Operation::Create,
+            Path::new("secrets/x"),
+            false,
+        )
         .unwrap_err();
     assert!(
         d.rule.as_deref().unwrap_or("").contains("secrets/"),
@@ -141,7 +146,12 @@ fn denial_carries_rule_and_remedy() {
         d.rule
     );
     let d = g
-        .check_write(Some("INT-001"), Operation::Create, Path::new("README.md"), false)
+        .check_write(
+            Some("INT-001"),
+            Operation::Create,
+            Path::new("README.md"),
+            false,
+        )
         .unwrap_err();
     assert!(
         d.remedy.contains("src/auth/**"),
@@ -153,7 +163,12 @@ fn denial_carries_rule_and_remedy() {
     assert_eq!(v["path"], "README.md");
     assert_eq!(v["intent"], "INT-001");
     let ok = g
-        .check_write(Some("INT-001"), Operation::Create, Path::new("src/auth/a.ts"), false)
+        .check_write(
+            Some("INT-001"),
+            Operation::Create,
+            Path::new("src/auth/a.ts"),
+            false,
+        )
         .unwrap();
     assert!(
         ok.contains("src/auth/**"),

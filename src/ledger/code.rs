@@ -47,4 +47,3 @@ impl fmt::Display for Code {
         f.write_str(self.as_str())
     }
 }
-

@@ -384,11 +384,6 @@ impl Entry {
     pub fn from_buf(&self) -> Option<PathBuf> {
         decode_path(self.from.as_deref(), self.from_b64.as_deref())
     }
-
-    /// The path for display (lossy).
-    pub fn path_display(&self) -> &str {
-        self.path.as_deref().unwrap_or("")
-    }
 }
 
 /// Splits a path into its JSON string (lossy) and, when not UTF-8, its base64 bytes.

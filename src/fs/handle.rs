@@ -1,0 +1,205 @@
+//! An open regular file: what is fixed at open, and one lock over what changes.
+//!
+//! A read-only handle only remembers whether what it read is on record; a handle that may
+//! change the file carries the write state (the stamp it expects, the pre-image for line
+//! ranges, the in-order hash, its ledger token...). Both live in [`HandleState`] behind one
+//! lock, so the combinations that make sense are the only ones that can be expressed, and a
+//! read-only handle carries none of the write state.
+//!
+//! Locking: the state lock is taken briefly, never across a ledger call, an authorization,
+//! or a call that takes it again; `fstat` and the in-order hash's bookkeeping may run under
+//! it. It orders after the inode's stale lock and before `Node::handles`.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
+
+use super::hash::SeqHash;
+use super::inode::Node;
+use super::Caller;
+use crate::guard::stale::Stamp;
+use crate::guard::Identity;
+
+/// An open regular file.
+pub struct FileHandle {
+    pub file: File,
+    pub node: Arc<Node>,
+    pub identity: Arc<Identity>,
+    /// The caller that opened it (for the ledger entry at close).
+    pub caller: Caller,
+    /// Opened with write access (bytes may be written through it).
+    pub writable: bool,
+    /// The file's names at open: what the identity sees through this handle is recorded
+    /// under them too, even if another identity renames the file over or away before the
+    /// first read (the agent reached the file through one of them).
+    pub open_rels: Vec<PathBuf>,
+    state: Mutex<HandleState>,
+}
+
+/// What an open file's handle remembers between requests.
+pub enum HandleState {
+    /// Opened for reading only.
+    Read(ReadState),
+    /// May change the file (write access, or `O_TRUNC`, or it created the file).
+    Write(Box<WriteState>),
+}
+
+/// What was recorded of the reads through a handle.
+#[derive(Default)]
+pub struct ReadState {
+    /// The first read was recorded as "seen" for the identity.
+    pub recorded: bool,
+    /// What the file held was recorded for the identity without a read request (at
+    /// open, see `Fs::record_read_provisional`); a read request that comes still records
+    /// exactly what it returned.
+    pub provisional: bool,
+}
+
+/// The state of a handle that may change its file.
+pub struct WriteState {
+    /// Reads through a read-write handle are recorded like any other.
+    pub read: ReadState,
+    /// Names this handle's entries in the ledger: its `CREATE` or `WRITE_BEGIN` (written
+    /// before the first byte lands) and the `WRITE` that completes it carry it as
+    /// `detail.handle`, so content a crash leaves is attributed to the handle that wrote it.
+    pub token: String,
+    /// A rebase todo list: every write is checked not to add commands to run.
+    pub todo: bool,
+    /// Changed (written, truncated, created) since the last ledger entry.
+    pub dirty: bool,
+    /// Written through `write`/`fallocate`/`copy_file_range` since the last entry.
+    pub wrote: bool,
+    /// This handle created the file (until its first `WRITE` entry).
+    pub created: bool,
+    /// The handle changed the content itself (write, truncate through it, fallocate,
+    /// copy_file_range) since it was opened.
+    pub own_writes: bool,
+    /// The file's stamp after this handle's last own write (or its open): a different
+    /// stamp at the next write means someone else wrote in between.
+    pub expected: Option<Stamp>,
+    /// The last write check found the file changed since this handle's previous write
+    /// (by anyone, the identity included): the in-order hash no longer holds.
+    pub disturbed: bool,
+    /// The pre-image was taken (at an `O_TRUNC` open, or before the first write).
+    pub pre_captured: bool,
+    /// Content before this handle's writes (text files up to 1 MiB), for line ranges.
+    pub pre_image: Option<Vec<u8>>,
+    /// Hash of the content before this handle's writes, when known.
+    pub prev_hash: Option<String>,
+    /// `(intent, policy generation)` the handle's writes were authorized under: a switch of
+    /// intent or a policy reload re-checks before the next write.
+    pub epoch: (Option<String>, u64),
+    /// The file's workspace path when last known (at open, then at each entry): the name
+    /// a WRITE is recorded under if the file lost every name while open (renamed over or
+    /// deleted before close).
+    pub last_rel: PathBuf,
+    /// The content hash taken while the handle writes the file front to back (large
+    /// files: no full hashing at close).
+    pub seq: SeqHash,
+    /// Its `CREATE` or `WRITE_BEGIN` is on record.
+    pub begun: bool,
+}
+
+/// How a handle that may change its file starts.
+pub struct WriteOpen {
+    /// The name it was authorized under.
+    pub rel: PathBuf,
+    pub token: String,
+    /// `(intent, policy generation)` at the authorization.
+    pub epoch: (Option<String>, u64),
+    /// It created the file (its `CREATE` is on record, the pre-image is empty).
+    pub created: bool,
+    /// It emptied the file at open (`O_TRUNC`): dirty from the start.
+    pub truncated: bool,
+    /// The content before, taken at an `O_TRUNC` open (None: taken at the first write).
+    pub pre_image: Option<Vec<u8>>,
+    pub prev_hash: Option<String>,
+    /// Its `CREATE` or `WRITE_BEGIN` is already on record.
+    pub begun: bool,
+}
+
+impl FileHandle {
+    /// The one place a handle is built: `write` is `Some` for a handle that may change
+    /// the file.
+    pub fn new(
+        file: File,
+        node: Arc<Node>,
+        identity: Arc<Identity>,
+        caller: Caller,
+        writable: bool,
+        open_rels: Vec<PathBuf>,
+        write: Option<WriteOpen>,
+    ) -> FileHandle {
+        let state = match write {
+            None => HandleState::Read(ReadState::default()),
+            Some(w) => HandleState::Write(Box::new(WriteState {
+                read: ReadState::default(),
+                todo: super::gitrefs::is_rebase_todo(&w.rel),
+                token: w.token,
+                dirty: w.truncated,
+                wrote: false,
+                created: w.created,
+                own_writes: false,
+                expected: None,
+                disturbed: false,
+                pre_captured: w.created || w.pre_image.is_some(),
+                pre_image: if w.created {
+                    Some(Vec::new())
+                } else {
+                    w.pre_image
+                },
+                prev_hash: w.prev_hash,
+                epoch: w.epoch,
+                last_rel: w.rel,
+                seq: SeqHash::default(),
+                begun: w.begun,
+            })),
+        };
+        FileHandle {
+            file,
+            node,
+            identity,
+            caller,
+            writable,
+            open_rels,
+            state: Mutex::new(state),
+        }
+    }
+
+    /// The write state, if this handle may change its file.
+    pub fn write_state(&self) -> Option<MappedMutexGuard<'_, WriteState>> {
+        MutexGuard::try_map(self.state.lock(), |s| match s {
+            HandleState::Write(w) => Some(&mut **w),
+            HandleState::Read(_) => None,
+        })
+        .ok()
+    }
+
+    /// What was recorded of the reads through this handle.
+    pub fn read_state(&self) -> MappedMutexGuard<'_, ReadState> {
+        MutexGuard::map(self.state.lock(), |s| match s {
+            HandleState::Write(w) => &mut w.read,
+            HandleState::Read(r) => r,
+        })
+    }
+
+    /// The handle may change the file.
+    pub fn changes_file(&self) -> bool {
+        matches!(*self.state.lock(), HandleState::Write(_))
+    }
+
+    /// A rebase todo list opened for writing.
+    pub fn is_todo(&self) -> bool {
+        self.write_state().is_some_and(|w| w.todo)
+    }
+
+    /// The write just made (or refused) counts as a change since the last entry.
+    pub fn mark_changed(&self) {
+        if let Some(mut w) = self.write_state() {
+            w.dirty = true;
+            w.wrote = true;
+        }
+    }
+}
