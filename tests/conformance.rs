@@ -100,7 +100,7 @@ fn daemon_umask_does_not_mask_callers_modes() {
 /// or truncated. Through the mount, `open(O_RDONLY|O_TRUNC)` fails with ETXTBSY as natively
 /// but after the daemon truncated the file (atomic O_TRUNC happens inside OPEN).
 #[test]
-#[ignore = "KNOWN LIMIT (FUSE_ATOMIC_O_TRUNC, README: Known limits): every open gets ETXTBSY as natively, but \
+#[ignore = "KNOWN LIMIT (FUSE_ATOMIC_O_TRUNC, docs/limits.md): every open gets ETXTBSY as natively, but \
             open(O_RDONLY|O_TRUNC) loses the file's bytes: the kernel sends OPEN with O_TRUNC (the daemon truncates) and only \
             then checks for a running executable; O_WRONLY/O_RDWR opens are refused before OPEN. Turning atomic O_TRUNC off \
             would cost every truncating open a second round trip for a flag combination POSIX leaves unspecified"]

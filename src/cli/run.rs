@@ -29,7 +29,7 @@ use crate::approval::{LessonRequest, RegisterRequest};
 
 Run it as the mount's owner (or root): identities are granted over the mount's control
 socket, which only they can reach. With --user the command runs as that user, which is
-how agents should run (README: threat model). The identity lasts as long as any of its
+how agents should run (docs/security.md). The identity lasts as long as any of its
 processes.")]
 pub struct RunArgs {
     /// The intentfs mount [default: the mount containing the current directory].

@@ -77,7 +77,7 @@ fn fid_of(dir: BorrowedFd<'_>) -> Option<Fid> {
 impl Watcher {
     /// A fanotify group, or None when the kernel refuses one.
     pub fn new() -> Option<Watcher> {
-        // As without CAP_SYS_ADMIN (tests of the fallback; README "Speed").
+        // As without CAP_SYS_ADMIN (tests of the fallback; docs/speed.md).
         if std::env::var_os("INTENTFS_NO_FANOTIFY").is_some_and(|v| v == "1") {
             tracing::info!("INTENTFS_NO_FANOTIFY=1: short cache TTLs, listings not cached");
             return None;
