@@ -5,9 +5,10 @@
 //! - [`approval`]: the human-approval broker and its channels (desktop, CLI socket).
 //! - [`ledger`]: the append-only, hash-chained audit ledger (writer thread, reader, verify).
 //! - [`guard`]: the decision for one operation (intent, scope, protected paths, stale check).
-//! - [`fs`]: the passthrough core over `O_PATH` handles; the only `unsafe`.
 //! - [`control`]: the virtual `.intentfs/` directory.
 //! - [`latency`]: `--low-latency`, the CPU latency request held while requests arrive.
+//! - [`fs`]: the passthrough core over `O_PATH` handles (`fs::Fs`), and its governance
+//!   (`fs::Gate`): resolve → authorize → syscall → record.
 //! - `fuse`: the adapter implementing `fuser::Filesystem`, the only module importing fuser.
 //! - [`cli`]: the command line.
 
