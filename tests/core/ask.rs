@@ -1,0 +1,340 @@
+//! The ask/park path: an operation that needs a human answers `FsError::Ask`; the caller
+//! parks it with a continuation (as the FUSE adapter's `governed` does); the decision runs
+//! the continuation, which re-runs the operation or answers the refusal.
+
+use crossbeam_channel::{Receiver, Sender};
+use intentfs::approval::{Decision, Grant};
+use intentfs::guard::Code;
+use intentfs::ledger::MutationType;
+
+use super::*;
+
+const ASK: &str = r#"
+intents:
+  - id: INT-001
+    name: Source work
+    status: IN_PROGRESS
+    owned_scope: ["src/**"]
+approval:
+  out_of_scope: ask
+  delete: ask
+"#;
+
+const FILES: &[(&str, &str)] = &[("src/a.rs", "fn a() {}\n"), ("lib/util.rs", "util\n")];
+
+/// What the continuation was called with, and the operation's result when it re-ran.
+type Outcome = Result<(), FsError>;
+
+/// Run `op` as the adapter does: on `Ask`, park it; the continuation re-runs it (a later
+/// question in the re-run is parked again) and sends the final result.
+fn drive(c: &Core, op: impl Fn(&Core) -> Outcome + Send + Sync + 'static) -> Receiver<Outcome> {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let op: Arc<dyn Fn(&Core) -> Outcome + Send + Sync> = Arc::new(op);
+    step(c, op, tx, 0);
+    rx
+}
+
+fn step(
+    c: &Core,
+    op: Arc<dyn Fn(&Core) -> Outcome + Send + Sync>,
+    tx: Sender<Outcome>,
+    depth: u32,
+) {
+    match op(c) {
+        Err(FsError::Ask(spec)) if depth < 4 => {
+            // The continuation runs later, on the deciding thread (here the test's, through
+            // `Broker::decide`, or the broker's timeout thread): it owns a clone.
+            let view = c.clone();
+            c.fs.park(
+                *spec,
+                Box::new(move |res| match res {
+                    None => step(&view, op, tx, depth + 1),
+                    Some(e) => tx.send(Err(e)).unwrap(),
+                }),
+            );
+        }
+        r => tx.send(r).unwrap(),
+    }
+}
+
+impl Core {
+    fn broker(&self) -> &Broker {
+        self.broker.as_deref().unwrap()
+    }
+
+    /// The one pending request (panics unless exactly one).
+    fn pending_one(&self) -> intentfs::approval::PendingInfo {
+        let p = self.broker().pending();
+        assert_eq!(p.len(), 1, "{p:?}");
+        p.into_iter().next().unwrap()
+    }
+}
+
+fn human(files: &'static [(&'static str, &'static str)]) -> Core {
+    Core::build(
+        ASK,
+        Opts {
+            who: Who::Human,
+            files,
+            ..Default::default()
+        },
+    )
+}
+
+fn approvals(c: &Core) -> Vec<intentfs::ledger::Entry> {
+    c.of(MutationType::Approval)
+}
+
+#[test]
+fn out_of_scope_asks_and_an_approval_once_reruns_the_operation() {
+    let c = human(FILES);
+    c.select("INT-001");
+    // The bare operation only asks: nothing is made, nothing parked yet.
+    match c.create("lib/new.rs", "x") {
+        Err(FsError::Ask(spec)) => {
+            assert_eq!(spec.rel, Path::new("lib/new.rs"));
+            assert_eq!(spec.op, "create");
+            assert_eq!(spec.denial.code, Code::ScopeViolation);
+        }
+        other => panic!("expected Ask, got {other:?}"),
+    }
+    assert!(c.broker().pending().is_empty());
+    let rx = drive(&c, |c| c.create("lib/new.rs", "new\n"));
+    let p = c.pending_one();
+    assert_eq!(
+        (p.kind.as_str(), p.op.as_str(), p.path.as_str()),
+        ("out_of_scope", "create", "lib/new.rs")
+    );
+    assert_eq!(p.intent.as_deref(), Some("INT-001"));
+    assert!(rx.try_recv().is_err(), "answered before a decision");
+    assert!(!c.exists("lib/new.rs"));
+    assert!(c.broker().decide(
+        p.id,
+        Decision::Approved {
+            grant: Grant::Once,
+            by: "cli:uid=0".into()
+        }
+    ));
+    rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    assert_eq!(c.backing("lib/new.rs"), "new\n");
+    let a = approvals(&c);
+    assert_eq!(a.len(), 1);
+    assert_eq!(a[0].outcome, "approved");
+    assert_eq!(a[0].path.as_deref(), Some("lib/new.rs"));
+    assert_eq!(a[0].code.as_deref(), Some("SCOPE_VIOLATION"));
+    let d = a[0].detail.as_ref().unwrap();
+    assert_eq!(
+        (
+            d["grant"].as_str(),
+            d["decided_by"].as_str(),
+            d["op"].as_str()
+        ),
+        (Some("once"), Some("cli:uid=0"), Some("create"))
+    );
+    assert_eq!(c.at(MutationType::Create, "lib/new.rs").len(), 1);
+    assert_eq!(c.at(MutationType::Write, "lib/new.rs").len(), 1);
+    // "Once" was used up by the create: the next change there asks again.
+    assert!(matches!(
+        c.overwrite("lib/new.rs", "again"),
+        Err(FsError::Ask(_))
+    ));
+    assert!(c.fs.ids.default_identity().grants.lock().once.is_empty());
+    c.assert_ledger_clean();
+}
+
+#[test]
+fn a_rejection_answers_the_refusal_and_changes_nothing() {
+    let c = human(FILES);
+    c.select("INT-001");
+    let before = tree(&c.ws);
+    let rx = drive(&c, |c| c.overwrite("lib/util.rs", "mine\n"));
+    let p = c.pending_one();
+    assert_eq!(p.op, "open-write");
+    assert!(c.broker().decide(
+        p.id,
+        Decision::Rejected {
+            by: "cli:uid=0".into()
+        }
+    ));
+    let r = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(code(r), Code::ApprovalRejected);
+    assert_eq!(tree(&c.ws), before);
+    let a = approvals(&c);
+    assert_eq!((a.len(), a[0].outcome.as_str()), (1, "rejected"));
+    c.assert_denial("lib/util.rs", Code::ApprovalRejected, "open-write");
+    // A second decision of the same request is refused: the continuation ran once.
+    assert!(!c.broker().decide(
+        p.id,
+        Decision::Rejected {
+            by: "cli:uid=0".into()
+        }
+    ));
+    assert!(rx.try_recv().is_err());
+}
+
+#[test]
+fn a_file_grant_lasts_for_the_session_and_covers_later_operations() {
+    let c = human(FILES);
+    c.select("INT-001");
+    let rx = drive(&c, |c| c.overwrite("lib/util.rs", "one\n"));
+    let p = c.pending_one();
+    assert!(c.broker().decide(
+        p.id,
+        Decision::Approved {
+            grant: Grant::File,
+            by: "desktop".into()
+        }
+    ));
+    rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    // No question any more for this file, but still for its neighbour.
+    c.overwrite("lib/util.rs", "two\n").unwrap();
+    c.setattr("lib/util.rs", chmod(0o600)).unwrap();
+    assert_eq!(c.backing("lib/util.rs"), "two\n");
+    assert!(matches!(c.create("lib/other.rs", ""), Err(FsError::Ask(_))));
+    assert_eq!(approvals(&c).len(), 1);
+    assert_eq!(c.at(MutationType::Write, "lib/util.rs").len(), 2);
+}
+
+fn once(c: &Core, id: u64) {
+    let d = Decision::Approved {
+        grant: Grant::Once,
+        by: "cli:uid=0".into(),
+    };
+    assert!(c.broker().decide(id, d));
+}
+
+#[test]
+fn a_rename_asks_for_each_name_in_turn() {
+    let c = human(FILES);
+    c.select("INT-001");
+    // Both names are outside: one question per run of the operation. The first is granted
+    // for the file, so the re-run after the second question finds it still granted.
+    let rx = drive(&c, |c| c.rename("lib/util.rs", "lib/util2.rs"));
+    let first = c.pending_one();
+    assert_eq!(
+        (first.path.as_str(), first.op.as_str()),
+        ("lib/util.rs", "rename")
+    );
+    let d = Decision::Approved {
+        grant: Grant::File,
+        by: "cli:uid=0".into(),
+    };
+    assert!(c.broker().decide(first.id, d));
+    let second = c.pending_one();
+    assert_eq!(second.path, "lib/util2.rs");
+    assert!(rx.try_recv().is_err());
+    once(&c, second.id);
+    rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    assert_eq!(c.backing("lib/util2.rs"), "util\n");
+    assert!(!c.exists("lib/util.rs"));
+    assert_eq!(approvals(&c).len(), 2);
+    let r = c.at(MutationType::Rename, "lib/util2.rs");
+    assert_eq!(r[0].from.as_deref(), Some("lib/util.rs"));
+}
+
+/// Both names of a rename approved `once`: the re-run that asks for the second name has
+/// already used up the grant of the first, so the next re-run asks for the first again,
+/// and after four questions the rename fails with EACCES although the human approved each.
+#[test]
+#[ignore = "core bug: `once` grants of a two-name rename are consumed one run apart (see report)"]
+fn a_rename_approved_once_for_each_name_goes_through() {
+    let c = human(FILES);
+    c.select("INT-001");
+    let rx = drive(&c, |c| c.rename("lib/util.rs", "lib/util2.rs"));
+    let first = c.pending_one();
+    assert_eq!(first.path, "lib/util.rs");
+    once(&c, first.id);
+    let second = c.pending_one();
+    assert_eq!(second.path, "lib/util2.rs");
+    once(&c, second.id);
+    // Today a third question comes here, again for `lib/util.rs`.
+    assert!(
+        c.broker().pending().is_empty(),
+        "{:?}",
+        c.broker().pending()
+    );
+    rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    assert_eq!(c.backing("lib/util2.rs"), "util\n");
+}
+
+#[test]
+fn nobody_answering_in_time_refuses_with_approval_timeout() {
+    let c = Core::build(
+        ASK,
+        Opts {
+            who: Who::Human,
+            files: FILES,
+            timeout: Duration::from_millis(100),
+            ..Default::default()
+        },
+    );
+    c.select("INT-001");
+    let rx = drive(&c, |c| c.create("lib/late.rs", ""));
+    let r = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(code(r), Code::ApprovalTimeout);
+    assert!(!c.exists("lib/late.rs"));
+    assert_eq!(approvals(&c)[0].outcome, "timeout");
+    c.assert_denial("lib/late.rs", Code::ApprovalTimeout, "create");
+    assert!(c.broker().pending().is_empty());
+}
+
+#[test]
+fn deletes_ask_when_the_policy_says_so() {
+    let c = human(FILES);
+    c.select("INT-001");
+    let rx = drive(&c, |c| c.unlink("src/a.rs"));
+    let p = c.pending_one();
+    assert_eq!((p.kind.as_str(), p.op.as_str()), ("delete", "unlink"));
+    assert!(c.exists("src/a.rs"));
+    once(&c, p.id);
+    rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    assert!(!c.exists("src/a.rs"));
+    let del = c.at(MutationType::Delete, "src/a.rs");
+    assert_eq!(del.len(), 1);
+    assert_eq!(del[0].size, Some(10));
+    assert_eq!(approvals(&c)[0].detail.as_ref().unwrap()["asked"], "delete");
+}
+
+#[test]
+fn the_unattended_approvers_decide_at_once() {
+    // Deny: the continuation runs before `park` returns, with the original refusal.
+    let c = Core::build(
+        ASK,
+        Opts {
+            who: Who::Deny,
+            files: FILES,
+            ..Default::default()
+        },
+    );
+    c.select("INT-001");
+    let rx = drive(&c, |c| c.create("lib/no.rs", ""));
+    let r = rx.try_recv().expect("decided inline");
+    assert_eq!(code(r), Code::ScopeViolation);
+    assert!(!c.exists("lib/no.rs"));
+    let a = approvals(&c);
+    assert_eq!(a[0].outcome, "rejected");
+    assert_eq!(a[0].detail.as_ref().unwrap()["decided_by"], "approver:deny");
+    c.assert_denial("lib/no.rs", Code::ScopeViolation, "create");
+
+    // Allow: granted once, the re-run succeeds inline.
+    let c = Core::build(
+        ASK,
+        Opts {
+            who: Who::Allow,
+            files: FILES,
+            ..Default::default()
+        },
+    );
+    c.select("INT-001");
+    let rx = drive(&c, |c| c.create("lib/yes.rs", "y"));
+    rx.try_recv().expect("decided inline").unwrap();
+    assert_eq!(c.backing("lib/yes.rs"), "y");
+    let a = approvals(&c);
+    assert_eq!(a[0].outcome, "approved");
+    assert_eq!(
+        a[0].detail.as_ref().unwrap()["decided_by"],
+        "approver:allow"
+    );
+    assert!(c.of(MutationType::Denial).is_empty());
+    c.assert_ledger_clean();
+}
