@@ -202,6 +202,7 @@ fn caller_umask() {
         // SAFETY: unshare(CLONE_FS) only detaches this thread's cwd/root/umask; umask
         // cannot fail.
         if unsafe { libc::unshare(libc::CLONE_FS) } == 0 {
+            // SAFETY: umask has no preconditions and only affects this thread (above).
             unsafe { libc::umask(0) };
         } else {
             tracing::warn!(

@@ -189,13 +189,13 @@ fn run(fs: Weak<Fs>, fan: OwnedFd) {
         let mut off = 0;
         while off + 24 <= n {
             let ev = &buf[off..n];
-            let len = u32::from_ne_bytes(ev[0..4].try_into().unwrap()) as usize;
+            let len = ne_u32(&ev[0..4]) as usize;
             if len < 24 || len > ev.len() {
                 break;
             }
-            let meta_len = u16::from_ne_bytes(ev[6..8].try_into().unwrap()) as usize;
-            let mask = u64::from_ne_bytes(ev[8..16].try_into().unwrap());
-            let pid = i32::from_ne_bytes(ev[20..24].try_into().unwrap());
+            let meta_len = ne_u16(&ev[6..8]) as usize;
+            let mask = ne_u64(&ev[8..16]);
+            let pid = ne_u32(&ev[20..24]) as i32;
             if mask & libc::FAN_Q_OVERFLOW != 0 {
                 fs.invalidate_all();
             } else {
@@ -213,6 +213,25 @@ fn run(fs: Weak<Fs>, fan: OwnedFd) {
     }
 }
 
+/// Native-endian integers out of an event record whose length was checked.
+fn ne_bytes<const N: usize>(b: &[u8]) -> [u8; N] {
+    let mut a = [0; N];
+    a.copy_from_slice(&b[..N]);
+    a
+}
+
+fn ne_u16(b: &[u8]) -> u16 {
+    u16::from_ne_bytes(ne_bytes(b))
+}
+
+fn ne_u32(b: &[u8]) -> u32 {
+    u32::from_ne_bytes(ne_bytes(b))
+}
+
+fn ne_u64(b: &[u8]) -> u64 {
+    u64::from_ne_bytes(ne_bytes(b))
+}
+
 /// How long the watcher lets events gather between reads.
 const BATCH: Duration = Duration::from_millis(1);
 
@@ -225,7 +244,7 @@ const CONTENT_ONLY: u64 =
 fn handle(fs: &Fs, mask: u64, own: bool, mut info: &[u8]) {
     while info.len() >= 4 {
         let ty = info[0];
-        let len = u16::from_ne_bytes(info[2..4].try_into().unwrap()) as usize;
+        let len = ne_u16(&info[2..4]) as usize;
         if len < 4 || len > info.len() {
             return;
         }
@@ -238,7 +257,7 @@ fn handle(fs: &Fs, mask: u64, own: bool, mut info: &[u8]) {
         if rec.len() < 20 {
             continue;
         }
-        let hb = u32::from_ne_bytes(rec[12..16].try_into().unwrap()) as usize;
+        let hb = ne_u32(&rec[12..16]) as usize;
         if 20 + hb > rec.len() {
             continue;
         }

@@ -93,7 +93,7 @@ fn out_of_scope_asks_and_an_approval_once_reruns_the_operation() {
     match c.create("lib/new.rs", "x") {
         Err(FsError::Ask(spec)) => {
             assert_eq!(spec.rel, Path::new("lib/new.rs"));
-            assert_eq!(spec.op, "create");
+            assert_eq!(spec.op.as_str(), "create");
             assert_eq!(spec.denial.code, Code::ScopeViolation);
         }
         other => panic!("expected Ask, got {other:?}"),
@@ -138,7 +138,7 @@ fn out_of_scope_asks_and_an_approval_once_reruns_the_operation() {
         c.overwrite("lib/new.rs", "again"),
         Err(FsError::Ask(_))
     ));
-    assert!(c.fs.ids.default_identity().grants.lock().once.is_empty());
+    assert!(c.fs.gate.ids.default_identity().grants.lock().once.is_empty());
     c.assert_ledger_clean();
 }
 

@@ -161,14 +161,14 @@ impl Core {
             fd_cap: 1024,
         };
         let mut fs = Fs::new(cfg, guard, ids, Some(ledger)).unwrap();
-        fs.approver = match (o.who, &broker) {
+        fs.gate.approver = match (o.who, &broker) {
             (Who::Deny, _) => Approver::Deny,
             (Who::Allow, _) => Approver::Allow,
             (Who::Human, Some(b)) => Approver::Human(b.clone()),
             (Who::Human, None) => unreachable!(),
         };
         if let Some((limit, window)) = o.breaker {
-            fs.breaker = intentfs::guard::identity::Breaker { limit, window };
+            fs.gate.breaker = intentfs::guard::identity::Breaker { limit, window };
         }
         Core {
             fs: Arc::new(fs),

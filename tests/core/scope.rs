@@ -177,7 +177,36 @@ fn the_circuit_breaker_stops_an_identity_that_loops_on_refusals() {
         .collect();
     assert_eq!(tripped.len(), 1);
     assert_eq!(tripped[0].code.as_deref(), Some("CIRCUIT_OPEN"));
-    c.fs.ids.default_identity().reset_breaker();
+    c.fs.gate.ids.default_identity().reset_breaker();
     c.create("src/ok.rs", "ok").unwrap();
     assert_eq!(c.backing("src/ok.rs"), "ok");
+}
+
+/// A request that sets a mode and a size on a directory (one SETATTR may carry both) is
+/// refused as a whole: the size is impossible, so the mode does not change either.
+#[test]
+fn a_size_change_on_a_directory_changes_nothing_else() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = core(POLICY, FILES);
+    c.select("INT-001");
+    c.mkdir("src/sub").unwrap();
+    let mode = |c: &Core| {
+        std::fs::metadata(c.w("src/sub"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    let before = mode(&c);
+    let both = intentfs::fs::ops::SetAttr {
+        mode: Some(0o700),
+        size: Some(0),
+        ..Default::default()
+    };
+    match c.setattr("src/sub", both) {
+        Err(FsError::Os(e)) => assert_eq!(e, libc::EISDIR),
+        other => panic!("expected EISDIR, got {other:?}"),
+    }
+    assert_eq!(mode(&c), before, "the mode changed although the request was refused");
+    assert!(c.of(MutationType::Chmod).is_empty());
 }

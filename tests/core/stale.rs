@@ -30,7 +30,7 @@ fn overwrite_of_a_file_changed_outside_since_read_is_refused() {
     c.assert_denial("src/a.rs", Code::StaleFile, "open-write");
     assert!(c.of(MutationType::WriteBegin).is_empty());
     assert!(c.of(MutationType::Write).is_empty());
-    let ident = c.fs.ids.default_identity();
+    let ident = c.fs.gate.ids.default_identity();
     assert_eq!(
         ident.last_error.lock().as_ref().unwrap().code,
         Code::StaleFile
@@ -122,7 +122,7 @@ fn unlink_and_rename_of_a_file_changed_since_read_are_refused() {
     assert_eq!(tree(&c.ws), before);
     assert!(c.of(MutationType::Delete).is_empty());
     assert!(c.of(MutationType::Rename).is_empty());
-    let ident = c.fs.ids.default_identity();
+    let ident = c.fs.gate.ids.default_identity();
     assert_eq!(
         ident
             .stale_refusals
@@ -142,7 +142,7 @@ fn another_identity_writing_through_the_mount_makes_the_first_stale() {
         .unwrap();
     let other = caller(child.id());
     let (ident, _) =
-        c.fs.ids
+        c.fs.gate.ids
             .grant(
                 child.id(),
                 intentfs::guard::tracking::Grant {
@@ -153,8 +153,8 @@ fn another_identity_writing_through_the_mount_makes_the_first_stale() {
                 },
             )
             .unwrap();
-    assert_eq!(c.fs.ids.resolve(child.id()).key, ident.key);
-    assert_eq!(c.fs.ids.resolve(c.me.pid).key, "default");
+    assert_eq!(c.fs.gate.ids.resolve(child.id()).key, ident.key);
+    assert_eq!(c.fs.gate.ids.resolve(c.me.pid).key, "default");
     c.select("INT-001");
     c.select_as(&other, "INT-001").unwrap();
     c.read("src/a.rs").unwrap();
