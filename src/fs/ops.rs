@@ -589,8 +589,25 @@ impl Fs {
                 .map(|(d, n)| sys::stat_at(*d, n).ok())
                 .collect()
         };
+        // The names themselves are locked too, not only the files they point to: an
+        // unlink that removed `t` holds `t`'s lock until its DELETE is on record, so a
+        // rename onto `t` (which finds no file there to lock) cannot record its RENAME
+        // first and leave the ledger saying `t` is gone while it exists.
+        let name_keys: Vec<(u64, u64)> = names
+            .iter()
+            .filter_map(|(d, n)| {
+                let dir = sys::stat_fd(*d).ok()?;
+                let mut h = std::hash::DefaultHasher::new();
+                std::hash::Hash::hash(&(dir.st_dev, dir.st_ino, n), &mut h);
+                Some((!dir.st_dev, std::hash::Hasher::finish(&h)))
+            })
+            .collect();
         let key = |v: &[Option<sys::Stat>]| -> Vec<(u64, u64)> {
-            v.iter().flatten().map(|s| (s.st_dev, s.st_ino)).collect()
+            v.iter()
+                .flatten()
+                .map(|s| (s.st_dev, s.st_ino))
+                .chain(name_keys.iter().copied())
+                .collect()
         };
         let mut stats = look();
         for _ in 0..64 {

@@ -85,12 +85,11 @@ fn concurrent_exchanges_are_ledgered_in_the_order_they_happened() {
     c.assert_ledger_clean();
 }
 
-/// Found by this test: the stale locks are per inode, so once an unlink has removed the
+/// Found by this test (fixed: `lock_names` locks the names too): the stale locks were per inode, so once an unlink has removed the
 /// name, a rename onto the freed name locks only its own file and may put its RENAME on
 /// record before the unlink's DELETE, which then reads as deleting the renamed file (the
 /// replay below, and `ledger verify`'s drift check, see `src/t` deleted while it exists).
 #[test]
-#[ignore = "core bug: a DELETE can be ledgered after a later rename onto the same name (see report)"]
 fn deletes_racing_editor_saves_remove_and_record_the_same_file() {
     // One thread saves `src/t` as editors do (write a new file, rename it over the old);
     // the other deletes `src/t` whenever it is there. Each save has its own size.
