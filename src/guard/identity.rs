@@ -127,11 +127,63 @@ pub enum GrantKind {
     Delete,
 }
 
+thread_local! {
+    /// Single-use grants consumed by the operation running on this thread, while a
+    /// [`Run`] is open: given back if the same run stops to ask about another name.
+    static TAKEN: std::cell::RefCell<Option<Vec<(GrantKind, PathBuf)>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// One run of an operation that may stop to ask a human (see `fuse::drive`). A rename
+/// of two names outside the scope asks about each in turn; a `once` approval of the first
+/// name must still hold when the run after the second approval checks both again. So the
+/// single-use grants a run consumes are given back ([`Run::give_back`]) when that run
+/// stops to ask, and are spent only by a run that gets past every check.
+pub struct Run(());
+
+impl Run {
+    pub fn begin() -> Run {
+        TAKEN.with(|t| *t.borrow_mut() = Some(Vec::new()));
+        Run(())
+    }
+
+    /// The run stopped to ask: the single-use grants it consumed go back to `grants`, for
+    /// the run after the answer. Returns them: if the answer is no, they are withdrawn
+    /// ([`Grants::withdraw`]), so an operation refused in the end leaves no grant behind.
+    pub fn give_back(&self, grants: &mut Grants) -> Vec<(GrantKind, PathBuf)> {
+        let taken: Vec<_> = TAKEN
+            .with(|t| t.borrow_mut().as_mut().map(std::mem::take))
+            .unwrap_or_default();
+        grants.once.extend(taken.iter().cloned());
+        taken
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        TAKEN.with(|t| *t.borrow_mut() = None);
+    }
+}
+
 impl Grants {
+    /// Take back single-use grants given back to a run that was then refused.
+    pub fn withdraw(&mut self, given: &[(GrantKind, PathBuf)]) {
+        for g in given {
+            if let Some(i) = self.once.iter().position(|o| o == g) {
+                self.once.remove(i);
+            }
+        }
+    }
+
     /// Does a grant cover `(kind, rel)`? A single-use grant is consumed.
     pub fn take(&mut self, kind: GrantKind, rel: &Path) -> bool {
         if let Some(i) = self.once.iter().position(|(k, p)| *k == kind && p == rel) {
-            self.once.remove(i);
+            let g = self.once.remove(i);
+            TAKEN.with(|t| {
+                if let Some(v) = t.borrow_mut().as_mut() {
+                    v.push(g);
+                }
+            });
             return true;
         }
         if self.files.contains(&(kind, rel.to_path_buf())) {
