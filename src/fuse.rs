@@ -1,5 +1,7 @@
 //! The adapter between fuser and the core: the only file that imports fuser. Each handler
-//! converts types, calls [`Fs`], and replies — always, so no request turns into `EIO`.
+//! converts types and goes through one path ([`FuseFs::answer`], or [`FuseFs::governed`]
+//! when a human may be asked): the opcode is counted, [`Fs`] runs, a failure is logged by
+//! its kind ([`Failure`]) and every request is answered, so none turns into `EIO`.
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -154,16 +156,26 @@ fn caller(req: &Request) -> Caller {
     }
 }
 
-fn errno(e: FsError) -> Errno {
+fn errno(e: &FsError) -> Errno {
     Errno::from_i32(e.errno())
 }
 
+/// A `stat` time as a `SystemTime`: `sec` whole seconds from the epoch (negative before
+/// it) plus `nsec` nanoseconds forward, as in a `timespec` (1.5 s before the epoch is
+/// `(-2, 500_000_000)`). tmpfs keeps any 64-bit time, `i64::MIN` seconds included, whose
+/// negation overflows: the arithmetic is unsigned and checked, never a panic.
 fn time(sec: i64, nsec: i64) -> SystemTime {
-    if sec >= 0 {
-        UNIX_EPOCH + Duration::new(sec as u64, nsec as u32)
+    let whole = if sec >= 0 {
+        UNIX_EPOCH.checked_add(Duration::from_secs(sec.unsigned_abs()))
     } else {
-        UNIX_EPOCH - Duration::from_secs((-sec) as u64)
-    }
+        UNIX_EPOCH.checked_sub(Duration::from_secs(sec.unsigned_abs()))
+    };
+    let frac = Duration::from_nanos(nsec.clamp(0, 999_999_999) as u64);
+    // On Linux `SystemTime` is a timespec with 64-bit seconds, so every stat time fits
+    // (and fuser encodes it back exactly); a narrower clock would answer the epoch.
+    whole
+        .map(|t| t.checked_add(frac).unwrap_or(t))
+        .unwrap_or(UNIX_EPOCH)
 }
 
 fn kind(mode: u32) -> FileType {
@@ -232,17 +244,12 @@ fn negative() -> FileAttr {
     }
 }
 
-fn entry(fs: &Fs, reply: ReplyEntry, r: Result<Entry, FsError>) {
-    match r {
-        Ok(e) => reply.entry(&fs.ttl(), &attr(e.nodeid, &e.st), Generation(0)),
-        Err(e) => reply.error(errno(e)),
-    }
-}
-
-fn empty(reply: ReplyEmpty, r: Result<(), FsError>) {
-    match r {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(errno(e)),
+/// An xattr reply: the value's size when asked with size 0, else the value.
+fn xattr(r: ReplyXattr, size: u32, d: &[u8]) {
+    if size == 0 {
+        r.size(d.len() as u32)
+    } else {
+        r.data(d)
     }
 }
 
@@ -260,64 +267,247 @@ fn fopen(o: OpenOpts) -> FopenFlags {
     f
 }
 
+/// A SETATTR time as the `(seconds, nanoseconds)` pair `utimensat` takes.
+///
+/// The kernel sends a time as a `timespec` (1.5 s before the epoch is `(-2, 500000000)`),
+/// but fuser 0.18 decodes a pre-epoch one as `UNIX_EPOCH - |sec| s - nsec ns` (its
+/// `system_time_from_time`, marked TODO there), so that time reaches us as 2.5 s before
+/// the epoch. Undone here: the whole seconds before the epoch, negated, are the seconds;
+/// the fraction is the nanoseconds. The decoding never yields a time in (-1 s, 0), so the
+/// inverse is exact. `tests/adapter.rs` checks the round trip on a real mount, and fails
+/// if a fuser update changes the decoding.
 fn timespec(t: Option<TimeOrNow>) -> crate::fs::sys::TimeSpec {
     t.map(|t| match t {
         TimeOrNow::Now => None,
         TimeOrNow::SpecificTime(st) => Some(match st.duration_since(UNIX_EPOCH) {
-            Ok(d) => (d.as_secs() as i64, d.subsec_nanos() as i64),
-            Err(e) => (-(e.duration().as_secs() as i64), 0),
+            Ok(d) => (
+                i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+                d.subsec_nanos().into(),
+            ),
+            Err(e) => {
+                let d = e.duration();
+                (
+                    0i64.checked_sub_unsigned(d.as_secs()).unwrap_or(i64::MIN),
+                    d.subsec_nanos().into(),
+                )
+            }
         }),
     })
 }
 
-/// A reply that can carry an error (every reply type the governed operations use).
-trait ErrReply: Send + 'static {
+/// A fuser reply that can carry an errno: every reply type a handler answers with.
+trait Reply: Send + 'static {
     fn fail(self, e: Errno);
 }
 
-macro_rules! err_reply {
-    ($($t:ty),*) => { $(impl ErrReply for $t { fn fail(self, e: Errno) { self.error(e) } })* };
+macro_rules! reply {
+    ($($t:ty),*) => { $(impl Reply for $t { fn fail(self, e: Errno) { self.error(e) } })* };
 }
-err_reply!(ReplyEntry, ReplyEmpty, ReplyAttr, ReplyOpen, ReplyCreate);
+reply!(
+    ReplyEntry,
+    ReplyEmpty,
+    ReplyAttr,
+    ReplyOpen,
+    ReplyCreate,
+    ReplyData,
+    ReplyWrite,
+    ReplyDirectory,
+    ReplyDirectoryPlus,
+    ReplyIoctl,
+    ReplyStatfs,
+    ReplyXattr,
+    ReplyLseek
+);
 
-/// Run a governed operation. When it needs a human, the reply is parked (no worker thread
-/// waits) and the operation re-runs once the decision grants it; a later question in the
-/// same operation (the second name of a rename) is asked the same way.
-fn governed<T, R, Op, Ok>(fs: Arc<Fs>, reply: R, op: Op, ok: Ok)
-where
-    R: ErrReply,
-    Op: Fn(&Fs) -> Result<T, FsError> + Send + 'static,
-    Ok: FnOnce(R, T) + Send + 'static,
-{
-    drive(fs, reply, op, ok, 0)
+/// How much a failed request says about the daemon or its backing filesystem.
+#[derive(Debug, PartialEq)]
+enum Failure {
+    /// An ordinary answer to the request: the name is missing or exists, the node is of the
+    /// wrong kind, permission or governance refused, the attribute is absent or larger
+    /// than the buffer, the operation or ioctl is not supported, the argument is invalid.
+    /// Programs probe with these all the time (`stat` before `open`, `getxattr` of
+    /// `security.capability`, `isatty`): logged at `debug`. A governance refusal is
+    /// explained to the agent in `.intentfs/last_error` and recorded in the ledger.
+    Answer,
+    /// The backing store or the daemon's resources failed: I/O error, no space or quota
+    /// left, a read-only or corrupted filesystem, memory or descriptors exhausted, a
+    /// network or FUSE backing gone. The caller sees the errno as it would natively, but
+    /// whoever runs the mount must hear of it: `warn`.
+    Trouble,
+    /// Any other errno: neither expected of the request nor a known failure of the
+    /// store. `info`, so an unforeseen one shows in the default log.
+    Unexpected,
 }
 
-fn drive<T, R, Op, Ok>(fs: Arc<Fs>, reply: R, op: Op, ok: Ok, depth: u32)
-where
-    R: ErrReply,
-    Op: Fn(&Fs) -> Result<T, FsError> + Send + 'static,
-    Ok: FnOnce(R, T) + Send + 'static,
-{
-    match op(&fs) {
-        Ok(v) => ok(reply, v),
-        Err(FsError::Ask(spec)) if depth < 4 => {
-            let fs2 = fs.clone();
-            fs.park(
-                *spec,
-                Box::new(move |res| match res {
-                    None => drive(fs2, reply, op, ok, depth + 1),
-                    Some(e) => reply.fail(errno(e)),
-                }),
-            );
-        }
-        Err(e) => reply.fail(errno(e)),
+fn failure(errno: i32) -> Failure {
+    match errno {
+        libc::ENOENT
+        | libc::EACCES
+        | libc::EPERM
+        | libc::EEXIST
+        | libc::ENOTEMPTY
+        | libc::ENOTDIR
+        | libc::EISDIR
+        | libc::ELOOP
+        | libc::ENAMETOOLONG
+        | libc::EXDEV
+        | libc::EMLINK
+        | libc::EBUSY
+        | libc::ETXTBSY
+        | libc::EINVAL
+        | libc::ENODATA
+        | libc::ERANGE
+        | libc::E2BIG
+        | libc::EFBIG
+        | libc::ENXIO
+        | libc::ESPIPE
+        | libc::ENOTTY
+        | libc::ENOSYS
+        | libc::EOPNOTSUPP
+        | libc::EAGAIN
+        | libc::EINTR
+        // A node whose backing file was removed outside the mount.
+        | libc::ESTALE => Failure::Answer,
+        libc::EIO
+        | libc::ENOSPC
+        | libc::EDQUOT
+        | libc::EROFS
+        | libc::EUCLEAN
+        | libc::EBADMSG
+        | libc::ENOMEM
+        | libc::EMFILE
+        | libc::ENFILE
+        | libc::ENOTCONN
+        | libc::ETIMEDOUT
+        | libc::EREMOTEIO => Failure::Trouble,
+        _ => Failure::Unexpected,
     }
 }
 
-/// Entry replies of governed operations: the TTL is taken when the reply is sent.
-fn reply_entry(fs: &Arc<Fs>) -> impl FnOnce(ReplyEntry, Entry) + Send + 'static {
-    let fs = fs.clone();
-    move |reply, e| entry(&fs, reply, Ok(e))
+/// Log a failed request by the rule of [`Failure`], naming the opcode and the errno.
+fn log_failure(op: Op, e: &FsError) {
+    let n = e.errno();
+    let name = nix::errno::Errno::from_raw(n);
+    match e {
+        FsError::Denied(d) => {
+            tracing::debug!(
+                "{}: {name:?}: refused by governance ({})",
+                op.name(),
+                d.code
+            )
+        }
+        // Questions past the depth `drive` allows (four in one request) are refused.
+        FsError::Ask(a) => tracing::info!(
+            "{}: {name:?}: too many approval questions in one request (last: {})",
+            op.name(),
+            a.rel.display()
+        ),
+        FsError::Os(_) => match failure(n) {
+            Failure::Answer => tracing::debug!("{}: {name:?}", op.name()),
+            Failure::Trouble => tracing::warn!("{}: {name:?} ({})", op.name(), name.desc()),
+            Failure::Unexpected => tracing::info!("{}: {name:?} ({})", op.name(), name.desc()),
+        },
+    }
+}
+
+/// Answer a request with its outcome: `ok` builds the reply from a success, a failure
+/// is logged ([`log_failure`]) and answered with its errno.
+fn respond<T, R: Reply>(op: Op, reply: R, r: Result<T, FsError>, ok: impl FnOnce(R, T)) {
+    match r {
+        Ok(v) => ok(reply, v),
+        Err(e) => {
+            log_failure(op, &e);
+            reply.fail(errno(&e));
+        }
+    }
+}
+
+impl FuseFs {
+    /// The path of every request: count its opcode (before running it, so a status read
+    /// counts itself), run it against the core, answer ([`respond`]).
+    fn answer<T, R: Reply>(
+        &self,
+        op: Op,
+        reply: R,
+        run: impl FnOnce(&Fs) -> Result<T, FsError>,
+        ok: impl FnOnce(R, T),
+    ) {
+        self.fs.counters.requests.count(op);
+        respond(op, reply, run(&self.fs), ok);
+    }
+
+    /// [`FuseFs::answer`] for an operation governance may need a human for. When it does,
+    /// the reply is parked (no worker thread waits) and the operation re-runs once the
+    /// decision grants it; a later question in the same operation (the second name of a
+    /// rename) is asked the same way.
+    fn governed<T, R, Run, Ok>(&self, op: Op, reply: R, run: Run, ok: Ok)
+    where
+        R: Reply,
+        Run: Fn(&Fs) -> Result<T, FsError> + Send + 'static,
+        Ok: FnOnce(R, T) + Send + 'static,
+    {
+        self.fs.counters.requests.count(op);
+        self.fs.drive(run, move |r| respond(op, reply, r, ok));
+    }
+
+    /// An entry reply, the TTL taken when it is sent (a governed one may be sent later).
+    fn entry(&self) -> impl FnOnce(ReplyEntry, Entry) + Send + 'static {
+        let fs = self.fs.clone();
+        move |reply, e| reply.entry(&fs.ttl(), &attr(e.nodeid, &e.st), Generation(0))
+    }
+
+    /// Attributes of node `ino` as a reply (`st_ino` as the core reports it).
+    fn attr(&self) -> impl FnOnce(ReplyAttr, (u64, Stat)) + Send + 'static {
+        let fs = self.fs.clone();
+        move |reply, (ino, st)| reply.attr(&fs.ttl(), &attr(fs.st_ino(ino, &st), &st))
+    }
+
+    /// READDIR and READDIRPLUS: one handler over the two reply types.
+    fn list<L: Listing>(&self, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: L) {
+        self.fs.counters.requests.count(L::OP);
+        let r = reply.fill(&self.fs, ino.0, fh.0, offset as i64);
+        respond(L::OP, reply, r, |r, ()| r.done());
+    }
+}
+
+/// A listing reply: entries go in as the core walks the directory (fuser's `add` says
+/// when the reply is full), so both listing requests share [`FuseFs::list`].
+trait Listing: Reply {
+    const OP: Op;
+    fn fill(&mut self, fs: &Fs, ino: u64, fh: u64, offset: i64) -> Result<(), FsError>;
+    fn done(self);
+}
+
+impl Listing for ReplyDirectory {
+    const OP: Op = Op::Readdir;
+    fn fill(&mut self, fs: &Fs, ino: u64, fh: u64, offset: i64) -> Result<(), FsError> {
+        fs.readdir(ino, fh, offset, |i, off, t, name| {
+            self.add(INodeNo(i), off as u64, dtype(t), name)
+        })
+    }
+    fn done(self) {
+        self.ok()
+    }
+}
+
+impl Listing for ReplyDirectoryPlus {
+    const OP: Op = Op::Readdirplus;
+    fn fill(&mut self, fs: &Fs, ino: u64, fh: u64, offset: i64) -> Result<(), FsError> {
+        let ttl = fs.ttl();
+        fs.readdirplus(ino, fh, offset, |e, off, name| {
+            self.add(
+                INodeNo(e.nodeid),
+                off as u64,
+                name,
+                &ttl,
+                &attr(e.nodeid, &e.st),
+                Generation(0),
+            )
+        })
+    }
+    fn done(self) {
+        self.ok()
+    }
 }
 
 impl Filesystem for FuseFs {
@@ -358,19 +548,27 @@ impl Filesystem for FuseFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.fs.counters.requests.count(Op::Lookup);
-        match self.fs.lookup(parent.0, name) {
-            // A name that does not exist is cached too (node id 0 with a TTL): compilers,
-            // `git`, `rg` and interpreters probe many (`.gitignore` in every directory,
-            // include and import paths). Creations through the mount replace the negative
-            // entry; creations outside it are reported like every other change.
-            Err(FsError::Os(libc::ENOENT)) if self.fs.caches_listings() => {
-                reply.entry(&self.fs.ttl(), &negative(), Generation(0))
-            }
-            r => entry(&self.fs, reply, r),
-        }
+        let found = self.entry();
+        self.answer(
+            Op::Lookup,
+            reply,
+            |fs| match fs.lookup(parent.0, name) {
+                // A name that does not exist is cached too (node id 0 with a TTL):
+                // compilers, `git`, `rg` and interpreters probe many (`.gitignore` in
+                // every directory, include and import paths). Creations through the mount
+                // replace the negative entry; creations outside it are reported like every
+                // other change.
+                Err(FsError::Os(libc::ENOENT)) if fs.caches_listings() => Ok(None),
+                r => r.map(Some),
+            },
+            |r, e| match e {
+                Some(e) => found(r, e),
+                None => r.entry(&self.fs.ttl(), &negative(), Generation(0)),
+            },
+        );
     }
 
+    /// FORGET has no reply: only counted.
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         self.fs.counters.requests.count(Op::Forget);
         self.fs.forget(ino.0, nlookup);
@@ -378,11 +576,12 @@ impl Filesystem for FuseFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.fs.counters.requests.count(Op::Getattr);
-        match self.fs.getattr(ino.0, fh.map(|f| f.0)) {
-            Ok(st) => reply.attr(&self.fs.ttl(), &attr(self.fs.st_ino(ino.0, &st), &st)),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.answer(
+            Op::Getattr,
+            reply,
+            |fs| fs.getattr(ino.0, fh.map(|f| f.0)).map(|st| (ino.0, st)),
+            self.attr(),
+        );
     }
 
     fn setattr(
@@ -403,7 +602,6 @@ impl Filesystem for FuseFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        self.fs.counters.requests.count(Op::Setattr);
         let a = SetAttr {
             mode,
             uid,
@@ -413,21 +611,21 @@ impl Filesystem for FuseFs {
             mtime: timespec(mtime),
         };
         let (c, fh, ino) = (caller(req), fh.map(|f| f.0), ino.0);
-        let fs2 = self.fs.clone();
-        governed(
-            self.fs.clone(),
+        self.governed(
+            Op::Setattr,
             reply,
-            move |fs| fs.setattr(&c, ino, a.clone(), fh),
-            move |r, st| r.attr(&fs2.ttl(), &attr(fs2.st_ino(ino, &st), &st)),
+            move |fs| fs.setattr(&c, ino, a.clone(), fh).map(|st| (ino, st)),
+            self.attr(),
         );
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.fs.counters.requests.count(Op::Readlink);
-        match self.fs.readlink(ino.0) {
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.answer(
+            Op::Readlink,
+            reply,
+            |fs| fs.readlink(ino.0),
+            |r, d| r.data(&d),
+        );
     }
 
     fn mknod(
@@ -440,13 +638,12 @@ impl Filesystem for FuseFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        self.fs.counters.requests.count(Op::Mknod);
         let (c, name) = (caller(req), name.to_os_string());
-        governed(
-            self.fs.clone(),
+        self.governed(
+            Op::Mknod,
             reply,
             move |fs| fs.mknod(&c, parent.0, &name, mode, umask, rdev),
-            reply_entry(&self.fs),
+            self.entry(),
         );
     }
 
@@ -459,21 +656,19 @@ impl Filesystem for FuseFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        self.fs.counters.requests.count(Op::Mkdir);
         let (c, name) = (caller(req), name.to_os_string());
-        governed(
-            self.fs.clone(),
+        self.governed(
+            Op::Mkdir,
             reply,
             move |fs| fs.mkdir(&c, parent.0, &name, mode, umask),
-            reply_entry(&self.fs),
+            self.entry(),
         );
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.fs.counters.requests.count(Op::Unlink);
         let (c, name) = (caller(req), name.to_os_string());
-        governed(
-            self.fs.clone(),
+        self.governed(
+            Op::Unlink,
             reply,
             move |fs| fs.unlink(&c, parent.0, &name, false),
             |r, ()| r.ok(),
@@ -481,10 +676,9 @@ impl Filesystem for FuseFs {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.fs.counters.requests.count(Op::Rmdir);
         let (c, name) = (caller(req), name.to_os_string());
-        governed(
-            self.fs.clone(),
+        self.governed(
+            Op::Rmdir,
             reply,
             move |fs| fs.unlink(&c, parent.0, &name, true),
             |r, ()| r.ok(),
@@ -499,13 +693,12 @@ impl Filesystem for FuseFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        self.fs.counters.requests.count(Op::Symlink);
         let (c, name, target) = (caller(req), link_name.to_os_string(), target.to_path_buf());
-        governed(
-            self.fs.clone(),
+        self.governed(
+            Op::Symlink,
             reply,
             move |fs| fs.symlink(&c, parent.0, &name, &target),
-            reply_entry(&self.fs),
+            self.entry(),
         );
     }
 
@@ -519,15 +712,14 @@ impl Filesystem for FuseFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        self.fs.counters.requests.count(Op::Rename);
         let (c, name, newname, flags) = (
             caller(req),
             name.to_os_string(),
             newname.to_os_string(),
             flags.bits(),
         );
-        governed(
-            self.fs.clone(),
+        self.governed(
+            Op::Rename,
             reply,
             move |fs| fs.rename(&c, parent.0, &name, newparent.0, &newname, flags),
             |r, ()| r.ok(),
@@ -542,22 +734,20 @@ impl Filesystem for FuseFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.fs.counters.requests.count(Op::Link);
         let (c, newname) = (caller(req), newname.to_os_string());
-        governed(
-            self.fs.clone(),
+        self.governed(
+            Op::Link,
             reply,
             move |fs| fs.link(&c, ino.0, newparent.0, &newname),
-            reply_entry(&self.fs),
+            self.entry(),
         );
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.fs.counters.requests.count(Op::Open);
         let c = caller(req);
         let (fs2, pt) = (self.fs.clone(), self.pt.clone());
-        governed(
-            self.fs.clone(),
+        self.governed(
+            Op::Open,
             reply,
             move |fs| fs.open(&c, ino.0, flags.0),
             move |r, (fh, o)| pt.reply_open(&fs2, r, ino.0, fh, o),
@@ -575,11 +765,12 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.fs.counters.requests.count(Op::Read);
-        match self.fs.read(&caller(req), fh.0, offset, size) {
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.answer(
+            Op::Read,
+            reply,
+            |fs| fs.read(&caller(req), fh.0, offset, size),
+            |r, d| r.data(&d),
+        );
     }
 
     fn write(
@@ -594,12 +785,13 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.fs.counters.requests.count(Op::Write);
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        match self.fs.write(&caller(req), fh.0, offset, data, kill) {
-            Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.answer(
+            Op::Write,
+            reply,
+            |fs| fs.write(&caller(req), fh.0, offset, data, kill),
+            |r, n| r.written(n as u32),
+        );
     }
 
     fn flush(
@@ -610,8 +802,12 @@ impl Filesystem for FuseFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.fs.counters.requests.count(Op::Flush);
-        empty(reply, self.fs.flush(&caller(req), fh.0));
+        self.answer(
+            Op::Flush,
+            reply,
+            |fs| fs.flush(&caller(req), fh.0),
+            |r, ()| r.ok(),
+        );
     }
 
     fn release(
@@ -624,9 +820,15 @@ impl Filesystem for FuseFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.fs.counters.requests.count(Op::Release);
-        self.pt.release(fh.0);
-        empty(reply, self.fs.release(fh.0));
+        self.answer(
+            Op::Release,
+            reply,
+            |fs| {
+                self.pt.release(fh.0);
+                fs.release(fh.0)
+            },
+            |r, ()| r.ok(),
+        );
     }
 
     fn fsync(
@@ -637,25 +839,32 @@ impl Filesystem for FuseFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.fs.counters.requests.count(Op::Fsync);
-        empty(reply, self.fs.fsync(fh.0, datasync));
+        self.answer(
+            Op::Fsync,
+            reply,
+            |fs| fs.fsync(fh.0, datasync),
+            |r, ()| r.ok(),
+        );
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.fs.counters.requests.count(Op::Opendir);
-        // With every change outside the mount reported, the kernel may keep listings:
-        // ENOSYS makes it stop sending OPENDIR/RELEASEDIR for good and cache what READDIR
-        // returns (FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR); a listing request then comes with
-        // fh 0 (`Fs::readdir` reads from the offset). A walk costs the two requests that
-        // fill a directory's cache instead of four per open, and nothing once cached.
-        if self.fs.caches_listings() {
-            reply.error(Errno::ENOSYS);
-            return;
-        }
-        match self.fs.opendir(ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.answer(
+            Op::Opendir,
+            reply,
+            |fs| {
+                // With every change outside the mount reported, the kernel may keep
+                // listings: ENOSYS makes it stop sending OPENDIR/RELEASEDIR for good and
+                // cache what READDIR returns (FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR); a
+                // listing request then comes with fh 0 (`Fs::readdir` reads from the
+                // offset). A walk costs the two requests that fill a directory's cache
+                // instead of four per open, and nothing once cached.
+                if fs.caches_listings() {
+                    return Err(FsError::Os(libc::ENOSYS));
+                }
+                fs.opendir(ino.0)
+            },
+            |r, fh| r.opened(FileHandle(fh), FopenFlags::empty()),
+        );
     }
 
     fn readdir(
@@ -664,18 +873,9 @@ impl Filesystem for FuseFs {
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectory,
+        reply: ReplyDirectory,
     ) {
-        self.fs.counters.requests.count(Op::Readdir);
-        let r = self
-            .fs
-            .readdir(ino.0, fh.0, offset as i64, |i, off, t, name| {
-                reply.add(INodeNo(i), off as u64, dtype(t), name)
-            });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.list(ino, fh, offset, reply);
     }
 
     fn readdirplus(
@@ -684,26 +884,9 @@ impl Filesystem for FuseFs {
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectoryPlus,
+        reply: ReplyDirectoryPlus,
     ) {
-        self.fs.counters.requests.count(Op::Readdirplus);
-        let ttl = self.fs.ttl();
-        let r = self
-            .fs
-            .readdirplus(ino.0, fh.0, offset as i64, |e, off, name| {
-                reply.add(
-                    INodeNo(e.nodeid),
-                    off as u64,
-                    name,
-                    &ttl,
-                    &attr(e.nodeid, &e.st),
-                    Generation(0),
-                )
-            });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.list(ino, fh, offset, reply);
     }
 
     fn releasedir(
@@ -714,9 +897,15 @@ impl Filesystem for FuseFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.fs.counters.requests.count(Op::Releasedir);
-        self.fs.releasedir(fh.0);
-        reply.ok();
+        self.answer(
+            Op::Releasedir,
+            reply,
+            |fs| {
+                fs.releasedir(fh.0);
+                Ok(())
+            },
+            |r, ()| r.ok(),
+        );
     }
 
     fn fsyncdir(
@@ -727,8 +916,7 @@ impl Filesystem for FuseFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.fs.counters.requests.count(Op::Fsyncdir);
-        reply.ok();
+        self.answer(Op::Fsyncdir, reply, |_| Ok(()), |r, ()| r.ok());
     }
 
     /// No ioctl reaches the backing files (`FS_IOC_SETFLAGS` could set the immutable or
@@ -746,25 +934,32 @@ impl Filesystem for FuseFs {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        self.fs.counters.requests.count(Op::Ioctl);
-        reply.error(Errno::ENOTTY);
+        self.answer(
+            Op::Ioctl,
+            reply,
+            |_| Err::<(), _>(FsError::Os(libc::ENOTTY)),
+            |_, ()| {},
+        );
     }
 
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
-        self.fs.counters.requests.count(Op::Statfs);
-        match self.fs.statfs(ino.0) {
-            Ok(s) => reply.statfs(
-                s.f_blocks,
-                s.f_bfree,
-                s.f_bavail,
-                s.f_files,
-                s.f_ffree,
-                s.f_bsize as u32,
-                s.f_namemax as u32,
-                s.f_frsize as u32,
-            ),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.answer(
+            Op::Statfs,
+            reply,
+            |fs| fs.statfs(ino.0),
+            |r, s| {
+                r.statfs(
+                    s.f_blocks,
+                    s.f_bfree,
+                    s.f_bavail,
+                    s.f_files,
+                    s.f_ffree,
+                    s.f_bsize as u32,
+                    s.f_namemax as u32,
+                    s.f_frsize as u32,
+                )
+            },
+        );
     }
 
     fn setxattr(
@@ -777,10 +972,9 @@ impl Filesystem for FuseFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        self.fs.counters.requests.count(Op::Setxattr);
         let (c, name, value) = (caller(req), name.to_os_string(), value.to_vec());
-        governed(
-            self.fs.clone(),
+        self.governed(
+            Op::Setxattr,
             reply,
             move |fs| fs.setxattr(&c, ino.0, &name, &value, flags),
             |r, ()| r.ok(),
@@ -788,28 +982,27 @@ impl Filesystem for FuseFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        self.fs.counters.requests.count(Op::Getxattr);
-        match self.fs.getxattr(ino.0, name, size) {
-            Ok(d) if size == 0 => reply.size(d.len() as u32),
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.answer(
+            Op::Getxattr,
+            reply,
+            |fs| fs.getxattr(ino.0, name, size),
+            |r, d| xattr(r, size, &d),
+        );
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.fs.counters.requests.count(Op::Listxattr);
-        match self.fs.listxattr(ino.0, size) {
-            Ok(d) if size == 0 => reply.size(d.len() as u32),
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.answer(
+            Op::Listxattr,
+            reply,
+            |fs| fs.listxattr(ino.0, size),
+            |r, d| xattr(r, size, &d),
+        );
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.fs.counters.requests.count(Op::Removexattr);
         let (c, name) = (caller(req), name.to_os_string());
-        governed(
-            self.fs.clone(),
+        self.governed(
+            Op::Removexattr,
             reply,
             move |fs| fs.removexattr(&c, ino.0, &name),
             |r, ()| r.ok(),
@@ -817,8 +1010,12 @@ impl Filesystem for FuseFs {
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        self.fs.counters.requests.count(Op::Access);
-        empty(reply, self.fs.access(ino.0, mask.bits()));
+        self.answer(
+            Op::Access,
+            reply,
+            |fs| fs.access(ino.0, mask.bits()),
+            |r, ()| r.ok(),
+        );
     }
 
     fn create(
@@ -831,11 +1028,10 @@ impl Filesystem for FuseFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        self.fs.counters.requests.count(Op::Create);
         let (c, name) = (caller(req), name.to_os_string());
         let (fs2, pt) = (self.fs.clone(), self.pt.clone());
-        governed(
-            self.fs.clone(),
+        self.governed(
+            Op::Create,
             reply,
             move |fs| fs.create(&c, parent.0, &name, mode, umask, flags),
             move |r, (e, fh, o)| {
@@ -861,8 +1057,12 @@ impl Filesystem for FuseFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.fs.counters.requests.count(Op::Fallocate);
-        empty(reply, self.fs.fallocate(fh.0, offset, length, mode));
+        self.answer(
+            Op::Fallocate,
+            reply,
+            |fs| fs.fallocate(fh.0, offset, length, mode),
+            |r, ()| r.ok(),
+        );
     }
 
     fn lseek(
@@ -874,11 +1074,12 @@ impl Filesystem for FuseFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        self.fs.counters.requests.count(Op::Lseek);
-        match self.fs.lseek(fh.0, offset, whence) {
-            Ok(o) => reply.offset(o),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.answer(
+            Op::Lseek,
+            reply,
+            |fs| fs.lseek(fh.0, offset, whence),
+            |r, o| r.offset(o),
+        );
     }
 
     fn copy_file_range(
@@ -894,18 +1095,21 @@ impl Filesystem for FuseFs {
         flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        self.fs.counters.requests.count(Op::CopyFileRange);
-        match self.fs.copy_file_range(
-            fh_in.0,
-            offset_in,
-            fh_out.0,
-            offset_out,
-            len,
-            flags.bits() as u32,
-        ) {
-            Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.answer(
+            Op::CopyFileRange,
+            reply,
+            |fs| {
+                fs.copy_file_range(
+                    fh_in.0,
+                    offset_in,
+                    fh_out.0,
+                    offset_out,
+                    len,
+                    flags.bits() as u32,
+                )
+            },
+            |r, n| r.written(n as u32),
+        );
     }
 }
 
@@ -942,10 +1146,12 @@ fn raise_readahead(mountpoint: &Path) {
         return;
     };
     let want = mountpoint.to_string_lossy();
-    // id parent major:minor root mountpoint ... (the last mount there is ours)
+    // id parent major:minor root mountpoint ... (the last mount there is ours). The
+    // kernel writes a space, tab, newline or backslash in the mountpoint as `\ooo`.
     let dev = info.lines().rev().find_map(|l| {
         let f: Vec<&str> = l.split(' ').collect();
-        (f.len() > 4 && f[4] == want).then(|| f[2].to_string())
+        (f.len() > 4 && crate::guard::tracking::unescape_mountinfo(f[4]) == want)
+            .then(|| f[2].to_string())
     });
     if let Some(dev) = dev {
         let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
@@ -1001,5 +1207,100 @@ impl Mounted {
     /// Serve requests until unmounted.
     pub fn run(self) -> std::io::Result<()> {
         self.session.run()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What fuser 0.18 hands SETATTR for the kernel's `(sec, nsec)` (its
+    /// `system_time_from_time`, private to it): before the epoch it subtracts the
+    /// nanoseconds instead of adding them.
+    fn fuser_decoded(sec: i64, nsec: u32) -> SystemTime {
+        if sec >= 0 {
+            UNIX_EPOCH + Duration::new(sec as u64, nsec)
+        } else {
+            UNIX_EPOCH - Duration::new(sec.unsigned_abs(), nsec)
+        }
+    }
+
+    fn set(sec: i64, nsec: u32) -> (i64, i64) {
+        let t = timespec(Some(TimeOrNow::SpecificTime(fuser_decoded(sec, nsec))));
+        t.flatten().expect("a specific time")
+    }
+
+    #[test]
+    fn setattr_times_reach_utimensat_as_the_kernel_sent_them() {
+        for (s, ns) in [
+            (0, 0),
+            (1, 999_999_999),
+            (1_700_000_000, 123_456_789),
+            (-1, 0),
+            (-1, 1),
+            (-2, 500_000_000),
+            (-3, 999_999_999),
+            (i64::MIN + 1, 5),
+            (i64::MAX, 999_999_999),
+        ] {
+            assert_eq!(set(s, ns), (s, ns.into()), "({s}, {ns})");
+        }
+        assert_eq!(timespec(Some(TimeOrNow::Now)), Some(None));
+        assert_eq!(timespec(None), None);
+    }
+
+    #[test]
+    fn stat_times_before_the_epoch_keep_their_fraction() {
+        assert_eq!(
+            time(-2, 500_000_000),
+            UNIX_EPOCH - Duration::from_millis(1500)
+        );
+        assert_eq!(time(-1, 1), UNIX_EPOCH - Duration::new(0, 999_999_999));
+        assert_eq!(time(-1, 0), UNIX_EPOCH - Duration::from_secs(1));
+        assert_eq!(time(0, 0), UNIX_EPOCH);
+        assert_eq!(
+            time(1_700_000_000, 123_456_789),
+            UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789)
+        );
+    }
+
+    #[test]
+    fn stat_times_at_the_ends_of_the_range_do_not_panic() {
+        // tmpfs keeps `i64::MIN` seconds: its negation overflows an i64.
+        assert_eq!(
+            time(i64::MIN, 0),
+            UNIX_EPOCH - Duration::from_secs(i64::MAX as u64 + 1)
+        );
+        assert_eq!(
+            time(i64::MIN, 500_000_000),
+            UNIX_EPOCH - Duration::new(i64::MAX as u64, 500_000_000)
+        );
+        assert_eq!(
+            time(i64::MAX, 999_999_999),
+            UNIX_EPOCH + Duration::new(i64::MAX as u64, 999_999_999)
+        );
+        // Nanoseconds out of 0..1e9 (never from the kernel) are clamped, not a panic.
+        assert_eq!(time(0, -5), UNIX_EPOCH);
+        assert_eq!(
+            time(0, i64::MAX),
+            UNIX_EPOCH + Duration::new(0, 999_999_999)
+        );
+    }
+
+    #[test]
+    fn failures_are_classed_for_the_log() {
+        for e in [
+            libc::ENOENT,
+            libc::EACCES,
+            libc::ENOTTY,
+            libc::ENODATA,
+            libc::ENOSYS,
+        ] {
+            assert_eq!(failure(e), Failure::Answer, "{e}");
+        }
+        for e in [libc::EIO, libc::ENOSPC, libc::EROFS, libc::EDQUOT] {
+            assert_eq!(failure(e), Failure::Trouble, "{e}");
+        }
+        assert_eq!(failure(libc::EPIPE), Failure::Unexpected);
     }
 }

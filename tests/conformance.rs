@@ -22,6 +22,7 @@ fn pjdfstest_mount_passes_what_native_passes() {
         eprintln!("SKIP: pjdfstest needs root (it switches users)");
         return;
     }
+    require_fuse();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/run.sh");
     let out = Command::new("bash")
         .arg(&script)

@@ -366,6 +366,7 @@ fn remount_keeps_the_ledger_chain() {
 
 #[test]
 fn custom_policy_outside_workspace() {
+    require_fuse();
     let d = dirs(None);
     let pol = d.root.join("team.yaml");
     std::fs::write(&pol, EXAMPLE).unwrap();

@@ -130,6 +130,7 @@ fn reading_code_about_secrets_does_not_wait_for_a_human() {
 /// so at start, and a request the policy asks a human about is refused at once.
 #[test]
 fn without_a_desktop_asking_is_refused_at_once_and_the_mount_says_so() {
+    require_fuse();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().canonicalize().unwrap();
     let (ws, mnt) = (root.join("ws"), root.join("mnt"));

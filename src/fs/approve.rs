@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use super::{Caller, Fs, FsError, Gate};
 use crate::approval::{Ask, AskKind, Broker, Decision, Grant};
-use crate::guard::identity::GrantKind;
+use crate::guard::identity::{GrantKind, Run};
 use crate::guard::{Code, Denial, Identity, Operation};
 use crate::ledger::{Draft, MutationType, Outcome};
 
@@ -45,7 +45,22 @@ pub enum Answer {
     TimedOut,
 }
 
+/// How many times one operation may stop to ask before it is refused (a rename asks for
+/// each of its names in turn).
+pub const MAX_ASKS: u32 = 4;
+
 impl Fs {
+    /// Run an operation that may stop to ask a human: on [`FsError::Ask`] it is parked
+    /// ([`Fs::park`]) and re-run once a decision grants what was asked, and `done` gets the
+    /// final result (on whichever thread decided). Never blocks the calling worker.
+    pub fn drive<T, Op, Done>(self: &Arc<Self>, op: Op, done: Done)
+    where
+        Op: Fn(&Fs) -> Result<T, FsError> + Send + 'static,
+        Done: FnOnce(Result<T, FsError>) + Send + 'static,
+    {
+        drive_from(self.clone(), op, done, 0)
+    }
+
     /// Ask, and continue with the decision. Never blocks the calling worker: with a human
     /// approver the continuation runs later, on a broker thread.
     pub fn park(self: &Arc<Self>, spec: AskSpec, cont: Continue) {
@@ -94,6 +109,37 @@ impl Fs {
                 cont(fs.gate.settle(spec, a, started))
             }),
         );
+    }
+}
+
+fn drive_from<T, Op, Done>(fs: Arc<Fs>, op: Op, done: Done, depth: u32)
+where
+    Op: Fn(&Fs) -> Result<T, FsError> + Send + 'static,
+    Done: FnOnce(Result<T, FsError>) + Send + 'static,
+{
+    let run = Run::begin();
+    match op(&fs) {
+        Err(FsError::Ask(spec)) if depth < MAX_ASKS => {
+            // Single-use grants this run spent go back for the re-run (see `Run`).
+            let ident = spec.ident.clone();
+            let given = run.give_back(&mut ident.grants.lock());
+            drop(run);
+            let fs2 = fs.clone();
+            fs.park(
+                *spec,
+                Box::new(move |res| match res {
+                    None => drive_from(fs2, op, done, depth + 1),
+                    Some(e) => {
+                        ident.grants.lock().withdraw(&given);
+                        done(Err(e))
+                    }
+                }),
+            );
+        }
+        r => {
+            drop(run);
+            done(r)
+        }
     }
 }
 

@@ -2,8 +2,7 @@
 //! authorizes first (scope, protected paths, hard links), then acts through handles, then
 //! ledgers the result.
 
-use crate::guard::Operation;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
@@ -16,6 +15,7 @@ use parking_lot::Mutex;
 use super::error::{err, FsError, Result};
 use super::inode::{Node, ROOT};
 use super::{sys, Caller, CtlHandle, Entry, FileHandle, Fs, Handle, OpenOpts};
+use crate::guard::Operation;
 use crate::control::{self, CtlFile};
 use crate::ledger::{Draft, MutationType};
 
@@ -1629,25 +1629,63 @@ impl Fs {
         self.take_handle(fh);
     }
 
-    /// List a directory from `offset`. `add(ino, next_offset, dtype, name)` returns true
-    /// when the reply is full.
-    pub fn readdir(
+    /// The control directory's entries in listing order (offset `i` resumes after the
+    /// `i`th), with their types and attributes: both listing requests read this one list.
+    fn control_listing(&self) -> Vec<(Entry, u8, &'static str)> {
+        let dir = control::dir_stat(self.started);
+        let mut entries = vec![
+            (
+                Entry {
+                    nodeid: control::DIR_INO,
+                    st: dir,
+                },
+                libc::DT_DIR,
+                ".",
+            ),
+            (
+                Entry {
+                    nodeid: ROOT,
+                    st: dir,
+                },
+                libc::DT_DIR,
+                "..",
+            ),
+        ];
+        for f in control::FILES {
+            let st = control::file_stat(f, self.started);
+            entries.push((
+                Entry {
+                    nodeid: f.ino(),
+                    st,
+                },
+                libc::DT_REG,
+                f.name(),
+            ));
+        }
+        entries
+    }
+
+    /// The one listing walk behind [`Fs::readdir`] and [`Fs::readdirplus`]: from `offset`,
+    /// the control directory's fixed entries, or the backing directory's. `each` gets
+    /// every entry and returns true when the reply is full.
+    fn list(
         &self,
         nodeid: u64,
         fh: u64,
         offset: i64,
-        mut add: impl FnMut(u64, i64, u8, &OsStr) -> bool,
+        mut each: impl FnMut(Listed<'_>) -> Result<bool>,
     ) -> Result<()> {
         if nodeid == control::DIR_INO {
-            let mut entries: Vec<(u64, u8, OsString)> = vec![
-                (control::DIR_INO, libc::DT_DIR, ".".into()),
-                (ROOT, libc::DT_DIR, "..".into()),
-            ];
-            for f in control::FILES {
-                entries.push((f.ino(), libc::DT_REG, f.name().into()));
-            }
-            for (i, (ino, t, n)) in entries.iter().enumerate().skip(offset as usize) {
-                if add(*ino, i as i64 + 1, *t, n) {
+            let entries = self.control_listing();
+            for (i, (e, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
+                let l = Listed {
+                    ino: e.nodeid,
+                    next: i as i64 + 1,
+                    kind: *kind,
+                    name: OsStr::new(name),
+                    from: Source::Control(e),
+                };
+                if each(l)? {
                     break;
                 }
             }
@@ -1670,11 +1708,32 @@ impl Fs {
             } else {
                 e.ino
             };
-            if add(ino, e.offset, e.kind, name) {
+            let l = Listed {
+                ino,
+                next: e.offset,
+                kind: e.kind,
+                name,
+                from: Source::Backing(ds.fd()),
+            };
+            if each(l)? {
                 break;
             }
         }
         Ok(())
+    }
+
+    /// List a directory from `offset`. `add(ino, next_offset, dtype, name)` returns true
+    /// when the reply is full.
+    pub fn readdir(
+        &self,
+        nodeid: u64,
+        fh: u64,
+        offset: i64,
+        mut add: impl FnMut(u64, i64, u8, &OsStr) -> bool,
+    ) -> Result<()> {
+        self.list(nodeid, fh, offset, |l| {
+            Ok(add(l.ino, l.next, l.kind, l.name))
+        })
     }
 
     /// List a directory with each entry's attributes (readdirplus): one request instead of
@@ -1687,88 +1746,57 @@ impl Fs {
         offset: i64,
         mut add: impl FnMut(&Entry, i64, &OsStr) -> bool,
     ) -> Result<()> {
-        if nodeid == control::DIR_INO {
-            // The control directory is tiny: plain entries with their attributes.
-            let mut entries: Vec<(Entry, OsString)> = vec![
-                (
-                    Entry {
-                        nodeid: control::DIR_INO,
-                        st: control::dir_stat(self.started),
-                    },
-                    ".".into(),
-                ),
-                (
-                    Entry {
-                        nodeid: ROOT,
-                        st: control::dir_stat(self.started),
-                    },
-                    "..".into(),
-                ),
-            ];
-            for f in control::FILES {
-                entries.push((
-                    Entry {
-                        nodeid: f.ino(),
-                        st: control::file_stat(f, self.started),
-                    },
-                    f.name().into(),
-                ));
+        let dir = if nodeid == control::DIR_INO {
+            None
+        } else {
+            let dir = self.node(nodeid)?;
+            if let Ok(dfd) = self.fd(&dir) {
+                self.watch_dir_fd(&dir, dfd.as_fd());
             }
-            for (i, (e, n)) in entries.iter().enumerate().skip(offset as usize) {
-                if add(e, i as i64 + 1, n) {
-                    break;
-                }
-            }
-            return Ok(());
-        }
-        let dir = self.node(nodeid)?;
-        if let Ok(dfd) = self.fd(&dir) {
-            self.watch_dir_fd(&dir, dfd.as_fd());
-        }
-        let d = self.dir_stream(nodeid, fh)?;
-        let mut ds = d.lock();
-        ds.seek(offset);
-        while let Some(e) = ds.next_entry()? {
-            let name = OsStr::from_bytes(&e.name);
-            if nodeid == ROOT && name == OsStr::new(control::DIR_NAME) {
-                continue;
-            }
-            if e.name == b"." || e.name == b".." {
+            Some(dir)
+        };
+        self.list(nodeid, fh, offset, |l| {
+            let dirfd = match l.from {
+                // The control directory is tiny: plain entries with their attributes.
+                Source::Control(e) => return Ok(add(e, l.next, l.name)),
+                Source::Backing(fd) => fd,
+            };
+            // Backing entries come from a directory with a node.
+            let Some(dir) = &dir else {
+                return Ok(false);
+            };
+            if l.name == "." || l.name == ".." {
                 // The kernel never links `.` and `..` from a listing, so they are not
                 // counted; their attributes are informative only.
-                let st = match sys::stat_fd(self.fd(&dir)?.as_fd()) {
+                let st = match sys::stat_fd(self.fd(dir)?.as_fd()) {
                     Ok(st) => st,
-                    Err(_) => continue,
+                    Err(_) => return Ok(false),
                 };
-                let id = if e.name == b"." || nodeid == ROOT {
+                let id = if l.name == "." || nodeid == ROOT {
                     nodeid
                 } else {
-                    e.ino
+                    l.ino
                 };
-                let ent = Entry { nodeid: id, st };
-                if add(&ent, e.offset, name) {
-                    break;
-                }
-                continue;
+                return Ok(add(&Entry { nodeid: id, st }, l.next, l.name));
             }
-            let st = match sys::stat_at(ds.fd(), name) {
+            let st = match sys::stat_at(dirfd, l.name) {
                 Ok(st) => st,
-                Err(_) => continue, // gone since listed
+                Err(_) => return Ok(false), // gone since listed
             };
-            let (node, existed) = self.table.peek(nodeid, name, &st);
+            let (node, existed) = self.table.peek(nodeid, l.name, &st);
             let ent = Entry {
                 nodeid: node.nodeid,
                 st,
             };
-            if add(&ent, e.offset, name) {
+            if add(&ent, l.next, l.name) {
                 if !existed {
                     self.table.discard_unreferenced(&node);
                 }
-                break;
+                return Ok(true);
             }
             self.table.count_lookup(&node);
-        }
-        Ok(())
+            Ok(false)
+        })
     }
 
     // ----- xattrs ------------------------------------------------------------------
@@ -1862,4 +1890,26 @@ fn in_group(caller: &Caller, gid: u32) -> bool {
                 .map(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
         })
         .unwrap_or(false)
+}
+
+/// One entry of a listing, as [`Fs::list`] walks it.
+struct Listed<'a> {
+    /// The entry's `d_ino`: the backing inode number (the root's `..` is the root node,
+    /// control entries are their node ids).
+    ino: u64,
+    /// The offset that resumes after this entry.
+    next: i64,
+    /// Its `DT_*` type.
+    kind: u8,
+    name: &'a OsStr,
+    from: Source<'a>,
+}
+
+/// Where a listed entry's attributes come from.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    /// A control entry: attributes made up, not stat'ed.
+    Control(&'a Entry),
+    /// An entry of this open backing directory.
+    Backing(std::os::fd::BorrowedFd<'a>),
 }

@@ -376,7 +376,9 @@ pub fn chown_fd(fd: BorrowedFd<'_>, uid: Option<u32>, gid: Option<u32>) -> io::R
     .map(drop)
 }
 
-/// A timestamp for `utimensat`: `None` leaves it, `Some(None)` is "now".
+/// A timestamp for `utimensat`: `None` leaves it, `Some(None)` is "now", `Some(Some((s,
+/// ns)))` is `s` seconds from the epoch plus `ns` nanoseconds (1.5 s before the epoch is
+/// `(-2, 500_000_000)`, as in a `timespec`).
 pub type TimeSpec = Option<Option<(i64, i64)>>;
 
 fn timespec(t: TimeSpec) -> libc::timespec {
@@ -389,9 +391,12 @@ fn timespec(t: TimeSpec) -> libc::timespec {
             tv_sec: 0,
             tv_nsec: libc::UTIME_NOW,
         },
+        // `utimensat` refuses nanoseconds outside 0..1e9 (EINVAL) and would read the two
+        // magic values as OMIT/NOW: carry whole seconds out of them (floored, so a
+        // negative fraction borrows a second), saturating at the ends of the range.
         Some(Some((s, ns))) => libc::timespec {
-            tv_sec: s,
-            tv_nsec: ns,
+            tv_sec: s.saturating_add(ns.div_euclid(1_000_000_000)),
+            tv_nsec: ns.rem_euclid(1_000_000_000),
         },
     }
 }
@@ -803,4 +808,45 @@ pub fn pread_exact_or_eof(file: &std::fs::File, offset: u64, size: usize) -> io:
         }
     }
     Ok(buf)
+}
+
+#[cfg(test)]
+mod timespec_tests {
+    use super::timespec;
+
+    fn pair(t: super::TimeSpec) -> (i64, i64) {
+        let ts = timespec(t);
+        (ts.tv_sec, ts.tv_nsec)
+    }
+
+    #[test]
+    fn pairs_keep_their_fraction_on_both_sides_of_the_epoch() {
+        assert_eq!(pair(Some(Some((-2, 500_000_000)))), (-2, 500_000_000));
+        assert_eq!(pair(Some(Some((1, 1)))), (1, 1));
+        assert_eq!(pair(Some(Some((i64::MIN, 0)))), (i64::MIN, 0));
+        assert_eq!(
+            pair(Some(Some((i64::MAX, 999_999_999)))),
+            (i64::MAX, 999_999_999)
+        );
+    }
+
+    #[test]
+    fn out_of_range_nanoseconds_carry_into_seconds() {
+        // -1.5 s written as -1 s and -0.5 s.
+        assert_eq!(pair(Some(Some((-1, -500_000_000)))), (-2, 500_000_000));
+        assert_eq!(pair(Some(Some((0, 2_500_000_000)))), (2, 500_000_000));
+        assert_eq!(pair(Some(Some((i64::MAX, 1_000_000_000)))).0, i64::MAX);
+        assert_eq!(pair(Some(Some((i64::MIN, -1)))).0, i64::MIN);
+        // Never one of the magic values.
+        assert_eq!(
+            pair(Some(Some((0, libc::UTIME_NOW)))).1,
+            libc::UTIME_NOW % 1_000_000_000
+        );
+    }
+
+    #[test]
+    fn omit_and_now() {
+        assert_eq!(pair(None).1, libc::UTIME_OMIT);
+        assert_eq!(pair(Some(None)).1, libc::UTIME_NOW);
+    }
 }

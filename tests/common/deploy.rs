@@ -75,6 +75,7 @@ impl Layout {
 
     /// The layout with this policy and these extra files (committed to its git repository).
     pub fn with(policy: &str, files: &[(&str, &str)]) -> Layout {
+        require_fuse();
         let dir = tempfile::Builder::new()
             .prefix("intentfs-containers-")
             .tempdir()

@@ -25,42 +25,19 @@ const FILES: &[(&str, &str)] = &[("src/a.rs", "fn a() {}\n"), ("lib/util.rs", "u
 /// What the continuation was called with, and the operation's result when it re-ran.
 type Outcome = Result<(), FsError>;
 
-/// Run `op` as the adapter does: on `Ask`, park it; the continuation re-runs it (a later
-/// question in the re-run is parked again) and sends the final result.
+/// Run `op` as the adapter does (`Fs::drive`: on `Ask`, park it; the continuation re-runs
+/// it, a later question in the re-run is parked again) and send the final result.
 fn drive(c: &Core, op: impl Fn(&Core) -> Outcome + Send + Sync + 'static) -> Receiver<Outcome> {
     let (tx, rx) = crossbeam_channel::unbounded();
-    let op: Arc<dyn Fn(&Core) -> Outcome + Send + Sync> = Arc::new(op);
-    step(c, op, tx, 0);
+    // The re-run gets a `Core` view over the `Fs` it is handed (the same one).
+    let view = c.clone();
+    c.fs.drive(
+        move |_fs| op(&view),
+        move |r| {
+            let _ = tx.send(r);
+        },
+    );
     rx
-}
-
-fn step(
-    c: &Core,
-    op: Arc<dyn Fn(&Core) -> Outcome + Send + Sync>,
-    tx: Sender<Outcome>,
-    depth: u32,
-) {
-    let run = intentfs::guard::identity::Run::begin();
-    match op(c) {
-        Err(FsError::Ask(spec)) if depth < 4 => {
-            let ident = spec.ident.clone();
-            let given = run.give_back(&mut ident.grants.lock());
-            // The continuation runs later, on the deciding thread (here the test's, through
-            // `Broker::decide`, or the broker's timeout thread): it owns a clone.
-            let view = c.clone();
-            c.fs.park(
-                *spec,
-                Box::new(move |res| match res {
-                    None => step(&view, op, tx, depth + 1),
-                    Some(e) => {
-                        ident.grants.lock().withdraw(&given);
-                        tx.send(Err(e)).unwrap()
-                    }
-                }),
-            );
-        }
-        r => tx.send(r).unwrap(),
-    }
 }
 
 impl Core {
