@@ -110,7 +110,11 @@ fn references(module: &[String], is_mod_rs: bool, code: &str) -> Vec<(Vec<String
     let mut out = Vec::new();
     let chars: Vec<char> = code.chars().collect();
     let text: String = chars.iter().collect();
-    for (start, root) in [("crate::", "crate"), ("super::", "super"), ("self::", "self")] {
+    for (start, root) in [
+        ("crate::", "crate"),
+        ("super::", "super"),
+        ("self::", "self"),
+    ] {
         let mut from = 0;
         while let Some(pos) = text[from..].find(start) {
             let at = from + pos;
@@ -296,7 +300,11 @@ fn find_cycle(edges: &BTreeMap<(String, String), String>) -> Option<Vec<String>>
 #[test]
 fn sibling_modules_never_know_each_other_both_ways() {
     let c = load();
-    assert!(c.modules.len() > 40, "found only {} modules", c.modules.len());
+    assert!(
+        c.modules.len() > 40,
+        "found only {} modules",
+        c.modules.len()
+    );
     let mut cycles = Vec::new();
     for (parent, edges) in &c.edges {
         if let Some(cy) = find_cycle(edges) {
@@ -318,8 +326,8 @@ fn sibling_modules_never_know_each_other_both_ways() {
 #[test]
 fn top_level_modules_only_reach_the_layers_below_them() {
     let c = load();
-    let lib = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs"))
-        .unwrap();
+    let lib =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs")).unwrap();
     // `//! - [`policy`]: ...` lines, bottom layer first.
     let order: Vec<String> = lib
         .lines()
@@ -365,7 +373,12 @@ fn the_checker_sees_an_import_and_a_cycle() {
     let paths: Vec<String> = refs.iter().map(|(p, _)| p.join("::")).collect();
     assert_eq!(
         paths,
-        ["guard::Code", "guard::op::Operation", "fs::gate::Gate", "fs::sys"],
+        [
+            "guard::Code",
+            "guard::op::Operation",
+            "fs::gate::Gate",
+            "fs::sys"
+        ],
         "{refs:?}"
     );
     let mut e = BTreeMap::new();

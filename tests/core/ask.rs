@@ -2,7 +2,7 @@
 //! parks it with a continuation (as the FUSE adapter's `governed` does); the decision runs
 //! the continuation, which re-runs the operation or answers the refusal.
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Receiver;
 use intentfs::approval::{Decision, Grant};
 use intentfs::guard::Code;
 use intentfs::ledger::MutationType;
@@ -121,7 +121,15 @@ fn out_of_scope_asks_and_an_approval_once_reruns_the_operation() {
         c.overwrite("lib/new.rs", "again"),
         Err(FsError::Ask(_))
     ));
-    assert!(c.fs.gate.ids.default_identity().grants.lock().once.is_empty());
+    assert!(c
+        .fs
+        .gate
+        .ids
+        .default_identity()
+        .grants
+        .lock()
+        .once
+        .is_empty());
     c.assert_ledger_clean();
 }
 

@@ -207,6 +207,10 @@ fn a_size_change_on_a_directory_changes_nothing_else() {
         Err(FsError::Os(e)) => assert_eq!(e, libc::EISDIR),
         other => panic!("expected EISDIR, got {other:?}"),
     }
-    assert_eq!(mode(&c), before, "the mode changed although the request was refused");
+    assert_eq!(
+        mode(&c),
+        before,
+        "the mode changed although the request was refused"
+    );
     assert!(c.of(MutationType::Chmod).is_empty());
 }

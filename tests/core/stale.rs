@@ -142,7 +142,8 @@ fn another_identity_writing_through_the_mount_makes_the_first_stale() {
         .unwrap();
     let other = caller(child.id());
     let (ident, _) =
-        c.fs.gate.ids
+        c.fs.gate
+            .ids
             .grant(
                 child.id(),
                 intentfs::guard::tracking::Grant {

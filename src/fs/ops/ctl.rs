@@ -1,0 +1,122 @@
+//! The virtual control files (`.intentfs/`): opening one renders it, writing one is the
+//! handshake (see [`crate::control`]).
+
+use super::*;
+
+impl Fs {
+    pub(super) fn open_ctl(
+        &self,
+        caller: &Caller,
+        f: CtlFile,
+        flags: i32,
+    ) -> Result<(u64, OpenOpts)> {
+        let acc = flags & libc::O_ACCMODE;
+        if acc != libc::O_RDONLY && !f.writable() {
+            return err(libc::EACCES);
+        }
+        let ident = self.gate.ids.resolve(caller.pid);
+        let rules = self.gate.guard.rules();
+        let content = control::render(f, &ident, &self.gate.ids, &rules.policy, &|| {
+            self.status_info()
+        });
+        let h = CtlHandle {
+            file: f,
+            content,
+            written: Vec::new(),
+        };
+        let fh = self.add_handle(Handle::Control(Arc::new(Mutex::new(h))));
+        Ok((
+            fh,
+            OpenOpts {
+                direct_io: true,
+                keep_cache: false,
+                passthrough: false,
+                noflush: true,
+            },
+        ))
+    }
+
+    pub(super) fn status_info(&self) -> control::StatusInfo {
+        control::StatusInfo {
+            workspace: self.cfg.workspace.display().to_string(),
+            mountpoint: self.cfg.mountpoint.display().to_string(),
+            policy: self.cfg.policy_path.display().to_string(),
+            policy_error: self.gate.guard.reload_error(),
+            nodes: self.table.len(),
+            open_handles: self.table.open_handles(),
+            pending: match &self.gate.approver {
+                crate::fs::approve::Approver::Human(b) => {
+                    serde_json::to_value(b.pending()).unwrap_or_default()
+                }
+                _ => serde_json::json!([]),
+            },
+            counters: serde_json::json!({
+                "lookups": self.counters.lookups.load(Ordering::Relaxed),
+                "listings": self.counters.listings.load(Ordering::Relaxed),
+                "opens": self.counters.opens.load(Ordering::Relaxed),
+                "mutations": self.gate.counters.mutations.load(Ordering::Relaxed),
+                "denials": self.gate.counters.denials.load(Ordering::Relaxed),
+                "probe_refusals": self.gate.counters.probes.load(Ordering::Relaxed),
+                "hashed_bytes": self.hashes.bytes.load(Ordering::Relaxed),
+                "temporaries": self.gate.temps.len(),
+                "requests": self.counters.requests.to_json(),
+                "low_latency": self.low_latency.get().map(|l| {
+                    let (bursts, held_ms) = l.stats();
+                    serde_json::json!({"held": l.held(), "bursts": bursts, "held_ms": held_ms})
+                }),
+            }),
+        }
+    }
+
+    pub(super) fn write_ctl(
+        &self,
+        caller: &Caller,
+        c: &Mutex<CtlHandle>,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<usize> {
+        let mut c = c.lock();
+        let off = offset as usize;
+        if off + data.len() > 64 * 1024 {
+            return err(libc::EFBIG);
+        }
+        if c.written.len() < off + data.len() {
+            c.written.resize(off + data.len(), 0);
+        }
+        c.written[off..off + data.len()].copy_from_slice(data);
+        let text = String::from_utf8_lossy(&c.written).into_owned();
+        let ident = self.gate.ids.resolve(caller.pid);
+        let rules = self.gate.guard.rules();
+        match control::apply_write(c.file, &ident, &rules.policy, &text) {
+            Ok(None) => Ok(data.len()),
+            Ok(Some((from, to))) => {
+                tracing::info!(agent = %ident.name, identity = %ident.key, "intent {from:?} -> {to:?}");
+                if let Some(l) = &self.gate.ledger {
+                    let draft = Draft {
+                        intent_id: to.clone(),
+                        agent: Some(self.gate.agent(&ident, caller)),
+                        mutation_type: Some(MutationType::Intent),
+                        detail: Some(serde_json::json!({ "from": from, "to": to })),
+                        ..Default::default()
+                    };
+                    if let Err(e) = l.record(draft) {
+                        // The switch is undone: a selection that is not on record did not happen.
+                        *ident.intent.lock() = from;
+                        return Err(self.gate.ledger_denial(
+                            &ident,
+                            Operation::SelectIntent,
+                            Path::new(".intentfs/intent"),
+                            &e.to_string(),
+                        ));
+                    }
+                }
+                Ok(data.len())
+            }
+            Err(control::WriteError { errno, denial }) => {
+                tracing::info!(agent = %ident.name, "handshake refused: {}", denial.message);
+                let _ = self.gate.deny(&ident, caller, *denial);
+                err(errno)
+            }
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! Making and removing entries: `mkdir`, `mknod`, `symlink`, `link`, `unlink`/`rmdir`.
+
+use super::*;
+
+impl Fs {
+    /// Common shape of mkdir/mknod/symlink: authorize `parent/name`, run `make`, look the new
+    /// entry up, ledger it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn make_entry(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        op: Operation,
+        mt: MutationType,
+        is_dir: bool,
+        make: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> std::io::Result<()>,
+        detail: Option<serde_json::Value>,
+    ) -> Result<Entry> {
+        if is_ctl_name(parent, name) {
+            return err(libc::EEXIST);
+        }
+        if control::is_control(parent) {
+            return err(libc::EPERM);
+        }
+        check_name(name)?;
+        let p = self.node(parent)?;
+        let rel = self.child_rel(&p, name)?;
+        let ident = self.authorize(caller, op, &rel, is_dir)?;
+        let temp = crate::fs::temps::NEW_TEMP.with(|t| t.replace(false));
+        let pfd = self.fd(&p)?;
+        self.check_git_layout(
+            &ident,
+            caller,
+            op,
+            pfd.as_fd(),
+            rel.parent().unwrap_or(Path::new("")),
+            name,
+        )?;
+        self.watch_dir_fd(&p, pfd.as_fd());
+        {
+            let _cred = sys::FsCred::switch(caller.uid, caller.gid);
+            make(pfd.as_fd())?;
+        }
+        if temp {
+            self.gate.temps.add(&ident, caller, &rel, is_dir, None);
+        }
+        let fd = sys::open_path(pfd.as_fd(), name)?;
+        let st = sys::stat_fd(fd.as_fd())?;
+        let node = self.table.lookup(parent, name, Some(fd), &st);
+        self.record(
+            &ident,
+            caller,
+            mt,
+            &rel,
+            Draft {
+                detail,
+                ..Default::default()
+            },
+        )?;
+        Ok(Entry {
+            nodeid: node.nodeid,
+            st,
+        })
+    }
+
+    pub fn mkdir(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+    ) -> Result<Entry> {
+        self.make_entry(
+            caller,
+            parent,
+            name,
+            Operation::Mkdir,
+            MutationType::Mkdir,
+            true,
+            |d| sys::mkdir_at(d, name, mode & !umask),
+            None,
+        )
+    }
+
+    pub fn mknod(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    ) -> Result<Entry> {
+        let kind = mode & libc::S_IFMT;
+        // Device nodes would give an agent raw access to disks: only regular files, fifos
+        // and sockets may be made through the mount.
+        if kind == libc::S_IFCHR || kind == libc::S_IFBLK {
+            return err(libc::EPERM);
+        }
+        self.make_entry(
+            caller,
+            parent,
+            name,
+            Operation::Mknod,
+            MutationType::Mknod,
+            false,
+            |d| sys::mknod_at(d, name, mode & !umask, rdev as u64),
+            Some(serde_json::json!({ "mode": format!("{:o}", mode) })),
+        )
+    }
+
+    pub fn symlink(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        target: &Path,
+    ) -> Result<Entry> {
+        self.make_entry(
+            caller,
+            parent,
+            name,
+            Operation::Symlink,
+            MutationType::Symlink,
+            false,
+            |d| sys::symlink_at(target.as_os_str(), d, name),
+            Some(serde_json::json!({ "target": target.to_string_lossy() })),
+        )
+    }
+
+    pub fn link(
+        &self,
+        caller: &Caller,
+        nodeid: u64,
+        newparent: u64,
+        newname: &OsStr,
+    ) -> Result<Entry> {
+        if control::is_control(nodeid)
+            || control::is_control(newparent)
+            || is_ctl_name(newparent, newname)
+        {
+            return err(libc::EPERM);
+        }
+        check_name(newname)?;
+        let node = self.node(nodeid)?;
+        if node.is_dir() {
+            return err(libc::EPERM);
+        }
+        // Both names count: the existing one (a link shares the inode, so writing through
+        // the new name changes the old one) and the new one.
+        let (ident, from) = self.authorize_node(caller, Operation::Link, &node)?;
+        // A new name for a secret is a way to read it under a harmless name.
+        for rel in self.alias_rels(&node) {
+            if let Err(d) = self.gate.guard.check_read(ident.intent().as_deref(), &rel) {
+                self.gate.sensitive_read(&ident, caller, &rel, d)?;
+            }
+        }
+        let np = self.node(newparent)?;
+        let rel = self.child_rel(&np, newname)?;
+        self.authorize_as(&ident, caller, Operation::Link, &rel, false)?;
+        let fd = self.fd(&node)?;
+        let npfd = self.fd(&np)?;
+        self.check_git_layout(
+            &ident,
+            caller,
+            Operation::Link,
+            npfd.as_fd(),
+            rel.parent().unwrap_or(Path::new("")),
+            newname,
+        )?;
+        self.watch_dir_fd(&np, npfd.as_fd());
+        sys::link_fd(self.proc_fd.as_fd(), fd.as_fd(), npfd.as_fd(), newname)?;
+        let st = sys::stat_fd(fd.as_fd())?;
+        let node = self.table.lookup(newparent, newname, None, &st);
+        self.record(
+            &ident,
+            caller,
+            MutationType::Link,
+            &rel,
+            Draft {
+                from: Some(from),
+                ..Default::default()
+            },
+        )?;
+        Ok(Entry {
+            nodeid: node.nodeid,
+            st,
+        })
+    }
+
+    // ----- removing ----------------------------------------------------------------
+
+    pub fn unlink(&self, caller: &Caller, parent: u64, name: &OsStr, is_dir: bool) -> Result<()> {
+        if is_ctl_name(parent, name) || control::is_control(parent) {
+            return err(libc::EPERM);
+        }
+        check_name(name)?;
+        let p = self.node(parent)?;
+        let rel = self.child_rel(&p, name)?;
+        let op = if is_dir {
+            Operation::Rmdir
+        } else {
+            Operation::Unlink
+        };
+        let ident = self.authorize(caller, op, &rel, is_dir)?;
+        if is_dir {
+            if let Some(rule) = self.gate.guard.rules().protected.below(&rel) {
+                return Err(self.protected_below(&ident, caller, op, &rel, rule));
+            }
+        }
+        self.gate.delete_approval(&ident, caller, op, &rel)?;
+        let pfd = self.fd(&p)?;
+        // The stale check and the unlink are one step for any other stale-checked change of
+        // the file (an open for write, a rename, a write).
+        let (_stale, st) = self.lock_names(&[(pfd.as_fd(), name)]);
+        let st = st[0].ok_or(FsError::Os(libc::ENOENT))?;
+        let prev = if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+            Some(st.st_size as u64)
+        } else {
+            None
+        };
+        if !is_dir {
+            self.check_stale_at(&ident, caller, Operation::Unlink, &rel, pfd.as_fd(), name)?;
+        }
+        let old_ref = crate::policy::git::ref_name(&rel).and_then(|r| {
+            let v = sys::read_ref_at(pfd.as_fd(), name)?;
+            // `git pack-refs` removes loose refs it packed: the ref did not move.
+            (self.packed_value(&rel, &r).as_deref() != Some(v.as_str())).then_some(v)
+        });
+        sys::unlink_at(pfd.as_fd(), name, is_dir)?;
+        self.gate.temps.remove(&rel);
+        if old_ref.is_some() {
+            self.gate.record_ref(&ident, caller, &rel, old_ref, None)?;
+        }
+        ident.forget_path(&rel);
+        if !is_dir && st.st_nlink <= 1 {
+            self.hashes.forget(st.st_dev, st.st_ino);
+        }
+        if let Some(n) = self.table.by_backing(st.st_dev, st.st_ino) {
+            self.table.remove_alias(&n, parent, name, &ident.key());
+        }
+        let mt = if is_dir {
+            MutationType::Rmdir
+        } else {
+            MutationType::Delete
+        };
+        self.record(
+            &ident,
+            caller,
+            mt,
+            &rel,
+            Draft {
+                size: prev,
+                ..Default::default()
+            },
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,495 @@
+//! Regular files: `open`, `create`, `read`, `write`, `flush`, `release` and the other
+//! calls through a file handle.
+
+use super::*;
+
+impl Fs {
+    pub fn open(&self, caller: &Caller, nodeid: u64, flags: i32) -> Result<(u64, OpenOpts)> {
+        self.counters.opens.fetch_add(1, Ordering::Relaxed);
+        if let Some(f) = CtlFile::from_ino(nodeid) {
+            return self.open_ctl(caller, f, flags);
+        }
+        let node = self.node(nodeid)?;
+        if !node.is_reg() {
+            return err(if node.is_dir() {
+                libc::EISDIR
+            } else {
+                libc::ELOOP
+            });
+        }
+        let acc = flags & libc::O_ACCMODE;
+        let writable = acc != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        let mut write_rel = None;
+        // The file's names when opened for write (checked under the stale lock).
+        let mut write_rels = None;
+        let epoch = self.gate.guard.generation();
+        // An open for write holds the file's stale lock from its stale check through the
+        // truncation (O_TRUNC) and the handle's setup: a concurrent stale-checked rename,
+        // unlink, truncate or write of the same file either happened before the check (and
+        // is judged by it) or sees this open's effect.
+        let mut _stale = Vec::new();
+        let ident = if writable {
+            _stale = self.table.stale_locks(&[(node.dev, node.ino)]);
+            let (ident, rels) = self.authorize_node_names(caller, Operation::OpenWrite, &node)?;
+            // A read-write handle reads too: a secret in scope still needs its approval.
+            if acc == libc::O_RDWR {
+                for rel in &rels {
+                    if let Err(d) = self.gate.guard.check_read(ident.intent().as_deref(), rel) {
+                        self.gate.sensitive_read(&ident, caller, rel, d)?;
+                    }
+                }
+            }
+            let fd = self.fd(&node)?;
+            self.check_stale_node(
+                &ident,
+                caller,
+                Operation::OpenWrite,
+                &node,
+                &rels,
+                fd.as_fd(),
+            )?;
+            write_rel = Some(rels[0].clone());
+            write_rels = Some(rels);
+            ident
+        } else {
+            let ident = self.gate.ids.resolve(caller.pid);
+            // Every known name counts: a secret must not be readable through a hard link.
+            for rel in self.alias_rels(&node) {
+                if let Err(d) = self.gate.guard.check_read(ident.intent().as_deref(), &rel) {
+                    self.gate.sensitive_read(&ident, caller, &rel, d)?;
+                }
+            }
+            ident
+        };
+        let fd = self.fd(&node)?;
+        // O_TRUNC empties the file inside the open: keep the old content first (line ranges).
+        let (pre, pre_hash) = if write_rel.is_some() && flags & libc::O_TRUNC != 0 {
+            let old = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY).ok();
+            let bytes = old
+                .as_ref()
+                .and_then(|f| crate::fs::hash::read_small(f, crate::fs::stale::RANGE_LIMIT));
+            let hash = match &bytes {
+                Some(b) => Some(crate::ledger::sha256_bytes(b)),
+                // Too big for a pre-image: the hash only if already known.
+                None => sys::stat_fd(fd.as_fd())
+                    .ok()
+                    .and_then(|st| self.hashes.cached(&crate::fs::hash::stamp_of(&st)))
+                    .map(|h| crate::fs::hash::to_string(&h)),
+            };
+            (bytes, hash)
+        } else {
+            (None, None)
+        };
+        let token = uuid::Uuid::new_v4().to_string();
+        // O_TRUNC changes the content inside the open: on record before it lands.
+        let truncates = write_rel.is_some() && flags & libc::O_TRUNC != 0;
+        if let (true, Some(rel)) = (truncates, &write_rel) {
+            self.record_begin(&ident, caller, rel, pre_hash.clone(), &token)?;
+        }
+        let file = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), flags)?;
+        if flags & libc::O_TRUNC != 0 && caller.uid != 0 {
+            self.kill_suidgid(file.as_fd(), caller);
+        }
+        let open_intent = h_intent(&write_rel, &ident);
+        // The names the agent may have reached the file by: its names now, and names it
+        // lost a moment ago (the kernel resolved the name before this request came; a
+        // name lost longer ago may name another file the agent knows by now).
+        let mut open_rels = write_rels.unwrap_or_else(|| self.alias_rels(&node));
+        // Names the file lost a moment ago to another identity's rename or unlink count
+        // too: the kernel may have resolved the agent's path through such a name just
+        // before. (Names it lost to this identity's own renames do not: its views moved
+        // with them.) A view under a name that now holds another file is conservative: a
+        // later overwrite there is refused as stale.
+        open_rels.retain(|r| !r.as_os_str().is_empty());
+        for (rel, _, when) in self.departed_rels(&node, &ident.key()) {
+            if when.elapsed() <= std::time::Duration::from_secs(1) && !open_rels.contains(&rel) {
+                open_rels.push(rel);
+            }
+        }
+        let write = write_rel.clone().map(|rel| crate::fs::handle::WriteOpen {
+            rel,
+            token,
+            epoch: (open_intent, epoch),
+            created: false,
+            truncated: flags & libc::O_TRUNC != 0,
+            pre_image: pre,
+            prev_hash: pre_hash,
+            begun: truncates,
+        });
+        let h = FileHandle::new(
+            file,
+            node,
+            ident,
+            *caller,
+            acc != libc::O_RDONLY,
+            open_rels,
+            write,
+        );
+        let mut keep_cache = false;
+        let mut passthrough = false;
+        if let Some(rel) = &write_rel {
+            *h.node.last_open.lock() = None;
+            self.prepare_write_handle(&h, rel);
+        } else if let Ok(st) = sys::stat_fd(h.file.as_fd()) {
+            let now = crate::fs::hash::stamp_of(&st);
+            // FOPEN_KEEP_CACHE when the file is unchanged since the last read-only open and
+            // its hash is known: reads may then be served from the page cache without
+            // reaching the daemon, so what the identity sees is recorded here, at open.
+            let mut last = h.node.last_open.lock();
+            keep_cache = *last == Some(now) && self.hashes.cached(&now).is_some();
+            *last = Some(now);
+            drop(last);
+            // With kernel passthrough no read request reaches the daemon either.
+            passthrough = self.passthrough.load(Ordering::Relaxed);
+            // An empty file is read in full by opening it (no read request ever comes).
+            // Provisional: a read request that does come records exactly what it returns
+            // (an empty file may be written by another identity before the first read).
+            if keep_cache || passthrough || st.st_size == 0 {
+                self.record_read_provisional(&h, caller.pid);
+            }
+        }
+        let h = Arc::new(h);
+        self.note_open(&h);
+        let fh = self.add_handle(Handle::File(h));
+        drop(_stale);
+        Ok((
+            fh,
+            OpenOpts {
+                direct_io: false,
+                keep_cache,
+                passthrough,
+                noflush: write_rel.is_none(),
+            },
+        ))
+    }
+
+    /// A read-only file on the backing inode of a node, to register for kernel passthrough.
+    pub fn backing_file(&self, nodeid: u64) -> Result<std::fs::File> {
+        let node = self.node(nodeid)?;
+        let fd = self.fd(&node)?;
+        Ok(sys::reopen(
+            self.proc_fd.as_fd(),
+            fd.as_fd(),
+            libc::O_RDONLY,
+        )?)
+    }
+
+    pub fn create(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    ) -> Result<(Entry, u64, OpenOpts)> {
+        if is_ctl_name(parent, name) {
+            return err(libc::EEXIST);
+        }
+        if control::is_control(parent) {
+            return err(libc::EACCES);
+        }
+        check_name(name)?;
+        let p = self.node(parent)?;
+        let rel = self.child_rel(&p, name)?;
+        let ident = self.authorize(caller, Operation::Create, &rel, false)?;
+        let temp = crate::fs::temps::NEW_TEMP.with(|t| t.replace(false));
+        let ident_intent = ident.intent();
+        let pfd = self.fd(&p)?;
+        self.check_git_layout(
+            &ident,
+            caller,
+            Operation::Create,
+            pfd.as_fd(),
+            rel.parent().unwrap_or(Path::new("")),
+            name,
+        )?;
+        self.watch_dir_fd(&p, pfd.as_fd());
+        // A temporary is always a new file: never open an existing one as one.
+        let flags = if temp { flags | libc::O_EXCL } else { flags };
+        let file = {
+            let _cred = sys::FsCred::switch(caller.uid, caller.gid);
+            sys::create_at(pfd.as_fd(), name, flags, mode & !umask)?
+        };
+        if temp {
+            self.gate.temps.add(&ident, caller, &rel, false, None);
+        }
+        let fd = sys::open_path(pfd.as_fd(), name)?;
+        let st = sys::stat_fd(fd.as_fd())?;
+        let node = self.table.lookup(parent, name, Some(fd), &st);
+        // The creation is on record before the kernel sees the file. If the ledger cannot
+        // take it now, the create fails (fail closed); the entry stays queued and lands when
+        // the ledger can be written again, so the file that exists is never off the record.
+        let token = uuid::Uuid::new_v4().to_string();
+        let draft = Draft {
+            content_hash: Some(crate::ledger::sha256_bytes(b"")),
+            size: Some(0),
+            detail: Some(serde_json::json!({ "handle": token })),
+            ..Default::default()
+        };
+        if let Err(e) = self.record(&ident, caller, MutationType::Create, &rel, draft) {
+            self.table.forget(node.nodeid, 1);
+            return Err(e);
+        }
+        let h = FileHandle::new(
+            file,
+            node.clone(),
+            ident,
+            *caller,
+            flags & libc::O_ACCMODE != libc::O_RDONLY,
+            vec![rel.clone()],
+            Some(crate::fs::handle::WriteOpen {
+                rel: rel.clone(),
+                token,
+                epoch: (ident_intent, self.gate.guard.generation()),
+                created: true,
+                truncated: false,
+                pre_image: None,
+                prev_hash: None,
+                begun: true,
+            }),
+        );
+        self.prepare_write_handle(&h, &rel);
+        let h = Arc::new(h);
+        self.note_open(&h);
+        let fh = self.add_handle(Handle::File(h));
+        Ok((
+            Entry {
+                nodeid: node.nodeid,
+                st,
+            },
+            fh,
+            OpenOpts::default(),
+        ))
+    }
+
+    pub fn read(&self, caller: &Caller, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        if let Some(c) = self.ctl_handle(fh) {
+            let c = c.lock();
+            let start = (offset as usize).min(c.content.len());
+            let end = (start + size as usize).min(c.content.len());
+            return Ok(c.content[start..end].to_vec());
+        }
+        let h = self.file_handle(fh)?;
+        // The first read from offset 0 that reaches end of file returned the whole file:
+        // what the identity saw is exactly those bytes.
+        let recorded = h.read_state().recorded;
+        let before = (offset == 0 && !recorded)
+            .then(|| sys::stat_fd(h.file.as_fd()).ok())
+            .flatten();
+        let buf = sys::pread_exact_or_eof(&h.file, offset, size as usize)?;
+        let whole = buf.len() < size as usize;
+        match before {
+            Some(st) if whole => {
+                self.record_read_bytes(&h, caller.pid, crate::fs::hash::stamp_of(&st), &buf)
+            }
+            // A partial read: the file's content now, unless something more exact (or
+            // at least earlier) is on record for this handle.
+            _ if !h.read_state().provisional => self.record_read(&h, caller.pid),
+            _ => {}
+        }
+        Ok(buf)
+    }
+
+    /// Another handle being open on the same inode means the kernel may serve this
+    /// handle's reads from pages the other one's requests filled (the page cache is
+    /// dropped at each open, not at each read): no READ would reach the daemon and what
+    /// the reader saw would go unrecorded, and a later overwrite by it would be judged as
+    /// by an identity that never read the file. So while handles overlap, every read-only
+    /// handle not yet recorded records what the file holds now (a conservative view: if
+    /// the file changes before the reader reads, its later write is refused as stale).
+    pub(super) fn note_open(&self, h: &Arc<FileHandle>) {
+        let mut list = h.node.handles.lock();
+        list.retain(|w| w.strong_count() > 0);
+        let others: Vec<Arc<FileHandle>> = list.iter().filter_map(|w| w.upgrade()).collect();
+        list.push(Arc::downgrade(h));
+        drop(list);
+        if others.is_empty() {
+            return;
+        }
+        for o in others.iter().chain(std::iter::once(h)) {
+            if !o.writable {
+                self.record_read_provisional(o, o.caller.pid);
+            }
+        }
+    }
+
+    /// A content change by a caller without `CAP_FSETID` drops set-user-ID, and set-group-ID
+    /// when the file is group-executable, as the kernel does natively. With
+    /// `FUSE_HANDLE_KILLPRIV_V2` (which spares a `getxattr("security.capability")` round
+    /// trip per write) the kernel leaves this to the filesystem. The daemon's own writes
+    /// run as root, so the backing filesystem would not do it; it does drop
+    /// `security.capability` itself. Callers other than `write` are judged by uid (the
+    /// kernel's flag for truncate and `O_TRUNC` is not passed through).
+    pub(crate) fn kill_suidgid(&self, fd: std::os::fd::BorrowedFd<'_>, caller: &Caller) {
+        let Ok(st) = sys::stat_fd(fd) else { return };
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return;
+        }
+        let mode = st.st_mode & 0o7777;
+        let mut new = mode & !libc::S_ISUID;
+        // As the kernel's setattr_should_drop_sgid: set-group-ID goes when the file is
+        // group-executable, or when the caller is not in the file's group.
+        if mode & libc::S_ISGID != 0 && (mode & libc::S_IXGRP != 0 || !in_group(caller, st.st_gid))
+        {
+            new &= !libc::S_ISGID;
+        }
+        if new != mode {
+            if let Err(e) = sys::chmod_fd(self.proc_fd.as_fd(), fd, new) {
+                tracing::warn!("dropping set-user-ID/set-group-ID after a write: {e}");
+            }
+        }
+    }
+
+    /// `kill_suidgid`: the kernel asks the filesystem to drop set-user-ID and set-group-ID
+    /// (the writer lacks `CAP_FSETID`; `FUSE_WRITE_KILL_SUIDGID`).
+    pub fn write(
+        &self,
+        caller: &Caller,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> Result<usize> {
+        if let Some(c) = self.ctl_handle(fh) {
+            return self.write_ctl(caller, &c, offset, data);
+        }
+        let h = self.file_handle(fh)?;
+        // No stale-checked rename or unlink of this file runs between the checks and the
+        // write (see `InodeTable::stale_locks`).
+        let _stale = self.table.stale_locks(&[(h.node.dev, h.node.ino)]);
+        self.before_modify(&h)?;
+        if h.is_todo() {
+            self.check_todo_write(&h, offset, data)?;
+        }
+        let undisturbed = match h.write_state() {
+            Some(mut w) => !std::mem::take(&mut w.disturbed),
+            None => return err(libc::EBADF),
+        };
+        let r = h.file.write_all_at(data, offset);
+        if kill_suidgid && r.is_ok() {
+            self.kill_suidgid(h.file.as_fd(), caller);
+        }
+        if let Some(mut w) = h.write_state() {
+            w.seq
+                .wrote(offset, data.len() as u64, undisturbed && r.is_ok(), || {
+                    let fd = self.fd(&h.node).ok()?;
+                    sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY).ok()
+                });
+            w.dirty = true;
+            w.wrote = true;
+        }
+        // Even a failed write (ENOSPC) may have moved mtime: it was this handle's own doing.
+        self.after_write(&h);
+        r?;
+        Ok(data.len())
+    }
+
+    pub fn flush(&self, caller: &Caller, fh: u64) -> Result<()> {
+        let _ = caller;
+        if self.ctl_handle(fh).is_some() {
+            return Ok(());
+        }
+        let h = self.file_handle(fh)?;
+        // close(2) waits for flush: ledgering here means a returned close() is on record.
+        // Only a handle that wrote since its last entry records here: `echo x > f` closes a
+        // duplicate of the truncating fd before writing, which must not make an entry of
+        // the empty file. A truncate-only or create-only handle records at release.
+        if h.write_state().is_some_and(|w| w.wrote) {
+            self.record_write_noting(&h)?;
+        }
+        Ok(())
+    }
+
+    pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
+        if self.ctl_handle(fh).is_some() {
+            return Ok(());
+        }
+        let h = self.file_handle(fh)?;
+        Ok(sys::fsync(&h.file, datasync)?)
+    }
+
+    /// The WRITE entry of a handle, and the identity's view under the names it opened the
+    /// file by (see [`Fs::note_open_names`]).
+    pub(super) fn record_write_noting(&self, h: &FileHandle) -> Result<()> {
+        let dirty = h.write_state().is_some_and(|w| w.dirty);
+        // The entry's path, content hash and place in the ledger are taken under the file's
+        // stale lock: a rename of the file either comes before (the entry has the new name)
+        // or after (the rename's entry follows), never between the name and the append.
+        let _stale = if dirty {
+            self.table.stale_locks(&[(h.node.dev, h.node.ino)])
+        } else {
+            Vec::new()
+        };
+        let r = self.record_write(h);
+        if dirty && r.is_ok() {
+            self.note_open_names(h);
+        }
+        r
+    }
+
+    pub fn release(&self, fh: u64) -> Result<()> {
+        if let Some(Handle::File(h)) = self.take_handle(fh) {
+            let r = self.record_write_noting(&h);
+            self.handle_closed(&h);
+            r?;
+        }
+        Ok(())
+    }
+
+    pub fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> Result<()> {
+        let h = self.file_handle(fh)?;
+        if !h.writable {
+            return err(libc::EBADF);
+        }
+        let _stale = self.table.stale_locks(&[(h.node.dev, h.node.ino)]);
+        self.before_modify(&h)?;
+        if let Some(mut w) = h.write_state() {
+            w.seq.off();
+        }
+        sys::fallocate(&h.file, mode, offset, len)?;
+        if h.caller.uid != 0 {
+            self.kill_suidgid(h.file.as_fd(), &h.caller);
+        }
+        h.mark_changed();
+        self.after_write(&h);
+        Ok(())
+    }
+
+    pub fn copy_file_range(
+        &self,
+        fh_in: u64,
+        off_in: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+        flags: u32,
+    ) -> Result<usize> {
+        let hi = self.file_handle(fh_in)?;
+        let ho = self.file_handle(fh_out)?;
+        if !ho.writable {
+            return err(libc::EBADF);
+        }
+        if ho.is_todo() {
+            // Writes to a rebase todo list are checked as text: let the tool write it.
+            return err(libc::EXDEV);
+        }
+        let _stale = self.table.stale_locks(&[(ho.node.dev, ho.node.ino)]);
+        self.before_modify(&ho)?;
+        if let Some(mut w) = ho.write_state() {
+            w.seq.off();
+        }
+        let n = sys::copy_file_range(&hi.file, off_in, &ho.file, off_out, len, flags)?;
+        if ho.caller.uid != 0 {
+            self.kill_suidgid(ho.file.as_fd(), &ho.caller);
+        }
+        ho.mark_changed();
+        self.after_write(&ho);
+        Ok(n)
+    }
+
+    pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64> {
+        let h = self.file_handle(fh)?;
+        Ok(sys::lseek(&h.file, offset, whence)?)
+    }
+}

@@ -1,0 +1,551 @@
+//! `rename`: the names locked with the files they point to, the subtree walk, and the
+//! rename itself as resolve → authorize → stale checks → syscall → record.
+
+use super::*;
+
+impl Fs {
+    /// Take the stale locks of the files these names point to (see
+    /// [`InodeTable::stale_locks`](crate::fs::inode::InodeTable::stale_locks)), and their stat
+    /// under the locks (`None`: no such name). A name re-pointed between the look and the
+    /// locking is looked at again.
+    pub(super) fn lock_names(
+        &self,
+        names: &[(std::os::fd::BorrowedFd<'_>, &OsStr)],
+    ) -> (Vec<parking_lot::MutexGuard<'_, ()>>, Vec<Option<sys::Stat>>) {
+        let look = || -> Vec<Option<sys::Stat>> {
+            names
+                .iter()
+                .map(|(d, n)| sys::stat_at(*d, n).ok())
+                .collect()
+        };
+        // The names themselves are locked too, not only the files they point to: an
+        // unlink that removed `t` holds `t`'s lock until its DELETE is on record, so a
+        // rename onto `t` (which finds no file there to lock) cannot record its RENAME
+        // first and leave the ledger saying `t` is gone while it exists.
+        let name_keys: Vec<(u64, u64)> = names
+            .iter()
+            .filter_map(|(d, n)| {
+                let dir = sys::stat_fd(*d).ok()?;
+                let mut h = std::hash::DefaultHasher::new();
+                std::hash::Hash::hash(&(dir.st_dev, dir.st_ino, n), &mut h);
+                Some((!dir.st_dev, std::hash::Hasher::finish(&h)))
+            })
+            .collect();
+        let key = |v: &[Option<sys::Stat>]| -> Vec<(u64, u64)> {
+            v.iter()
+                .flatten()
+                .map(|s| (s.st_dev, s.st_ino))
+                .chain(name_keys.iter().copied())
+                .collect()
+        };
+        let mut stats = look();
+        for _ in 0..64 {
+            let guards = self.table.stale_locks(&key(&stats));
+            let now = look();
+            let same = now.len() == stats.len()
+                && now.iter().zip(&stats).all(|(a, b)| {
+                    a.map(|s| (s.st_dev, s.st_ino)) == b.map(|s| (s.st_dev, s.st_ino))
+                });
+            if same {
+                return (guards, now);
+            }
+            drop(guards);
+            stats = now;
+        }
+        // Names re-pointed without end: lock what they point to now and go on (the
+        // stale checks still run, only not atomically with a concurrent change).
+        let guards = self.table.stale_locks(&key(&stats));
+        (guards, stats)
+    }
+
+    pub(super) fn protected_below(
+        &self,
+        ident: &Arc<crate::guard::Identity>,
+        caller: &Caller,
+        op: Operation,
+        rel: &Path,
+        rule: String,
+    ) -> FsError {
+        let d = crate::guard::Denial::new(
+            crate::guard::Code::ProtectedPath,
+            op,
+            rel,
+            ident.intent().as_deref(),
+            format!("{} contains an always-protected path", rel.display()),
+            "Do not move or remove directories that hold governance files.".into(),
+        )
+        .with_rule(Some(rule));
+        self.gate.deny(ident, caller, d)
+    }
+
+    /// Authorize every entry below a directory that a rename would move, under both its old
+    /// and its new path: moving a directory moves everything in it.
+    pub(super) fn authorize_subtree(
+        &self,
+        ident: &Arc<crate::guard::Identity>,
+        caller: &Caller,
+        dir: &Arc<Node>,
+        old: &Path,
+        new: &Path,
+    ) -> Result<()> {
+        if let Some(rule) = self.gate.guard.rules().protected.below(old) {
+            return Err(self.protected_below(ident, caller, Operation::Rename, old, rule));
+        }
+        let fd = self.fd(dir)?;
+        let mut stack: Vec<(std::os::fd::OwnedFd, PathBuf)> =
+            vec![(sys::open_path(fd.as_fd(), OsStr::new("."))?, PathBuf::new())];
+        let mut seen = 0usize;
+        while let Some((dfd, sub)) = stack.pop() {
+            let mut ds = sys::DirStream::open(dfd.as_fd())?;
+            while let Some(e) = ds.next_entry()? {
+                if e.name == b"." || e.name == b".." {
+                    continue;
+                }
+                seen += 1;
+                if seen > MAX_SUBTREE {
+                    return err(libc::EXDEV);
+                }
+                let name = OsStr::from_bytes(&e.name);
+                let rel = sub.join(name);
+                let is_dir = e.kind == libc::DT_DIR;
+                let (o, n) = (old.join(&rel), new.join(&rel));
+                self.authorize_as(ident, caller, Operation::Rename, &o, is_dir)?;
+                self.authorize_as(ident, caller, Operation::Rename, &n, is_dir)?;
+                // Moving a secret to a name that is not sensitive would expose it, as for
+                // a file renamed on its own.
+                if !is_dir {
+                    let intent = ident.intent();
+                    if let Err(d) = self.gate.guard.check_read(intent.as_deref(), &o) {
+                        if self.gate.guard.check_read(intent.as_deref(), &n).is_ok() {
+                            self.gate.sensitive_read(ident, caller, &o, d)?;
+                        }
+                    }
+                }
+                if is_dir {
+                    if let Ok(cfd) = sys::open_path(dfd.as_fd(), name) {
+                        stack.push((cfd, rel));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn rename(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+    ) -> Result<()> {
+        for _ in 0..16 {
+            if let Some(()) = self.rename_once(caller, parent, name, newparent, newname, flags)? {
+                return Ok(());
+            }
+        }
+        err(libc::EBUSY)
+    }
+
+    /// One attempt at a rename; `None` when a name was re-pointed by a concurrent change
+    /// after it was authorized (try again from the start).
+    fn rename_once(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+    ) -> Result<Option<()>> {
+        let r = self.rename_resolve(parent, name, newparent, newname, flags)?;
+        let g = self.rename_authorize(caller, &r, flags)?;
+        // The stale checks, the rename and the update of the names the daemon knows are one
+        // step for any other stale-checked change of either file (an open for write, an
+        // unlink, a write): an open for write either came first (and the check below sees
+        // what it did) or sees the names after the rename.
+        let (_stale, now) = self.lock_names(&[(r.pfd.as_fd(), name), (r.npfd.as_fd(), newname)]);
+        let ino = |s: &Option<sys::Stat>| s.map(|s| (s.st_dev, s.st_ino));
+        if ino(&now[0]) != ino(&Some(r.src)) || ino(&now[1]) != ino(&r.dst) {
+            return Ok(None);
+        }
+        // Stale checks: renaming a file away, and renaming over one (what `sed -i` and
+        // editors do), both destroy a version the identity may not have seen.
+        if !r.src_dir {
+            self.check_stale_at(
+                &g.ident,
+                caller,
+                Operation::Rename,
+                &r.from,
+                r.pfd.as_fd(),
+                name,
+            )?;
+        }
+        if r.dst.is_some() {
+            self.check_stale_at(
+                &g.ident,
+                caller,
+                Operation::Rename,
+                &r.to,
+                r.npfd.as_fd(),
+                newname,
+            )?;
+        }
+        let fx = self.rename_effects(&g.ident, caller, &r)?;
+        sys::rename_at(r.pfd.as_fd(), name, r.npfd.as_fd(), newname, g.flags)?;
+        self.rename_done(&g, caller, &r, &fx)?;
+        let draft = self.rename_draft(&r, fx.edit);
+        self.record(&g.ident, caller, MutationType::Rename, &r.to, draft)?;
+        Ok(Some(()))
+    }
+
+    /// Resolve a rename: both names, where they are, what they name now.
+    fn rename_resolve<'a>(
+        &self,
+        parent: u64,
+        name: &'a OsStr,
+        newparent: u64,
+        newname: &'a OsStr,
+        flags: u32,
+    ) -> Result<RenameReq<'a>> {
+        if is_ctl_name(parent, name)
+            || is_ctl_name(newparent, newname)
+            || control::is_control(parent)
+            || control::is_control(newparent)
+        {
+            return err(libc::EPERM);
+        }
+        check_name(name)?;
+        check_name(newname)?;
+        let p = self.node(parent)?;
+        let np = self.node(newparent)?;
+        let pfd = self.fd(&p)?;
+        let npfd = self.fd(&np)?;
+        let from = self.child_rel(&p, name)?;
+        let to = self.child_rel(&np, newname)?;
+        let src = sys::stat_at(pfd.as_fd(), name)?;
+        let dst = sys::stat_at(npfd.as_fd(), newname).ok();
+        Ok(RenameReq {
+            parent,
+            name,
+            newparent,
+            newname,
+            pfd,
+            npfd,
+            from,
+            to,
+            src_dir: src.st_mode & libc::S_IFMT == libc::S_IFDIR,
+            src,
+            dst,
+            exchange: flags & libc::RENAME_EXCHANGE != 0,
+        })
+    }
+
+    /// May the caller rename `from` to `to`: both names (or a tool's temporary name), a
+    /// secret not exposed under a plain name, git's layout, a rebase todo list, and every
+    /// name below a directory moved.
+    fn rename_authorize(
+        &self,
+        caller: &Caller,
+        r: &RenameReq<'_>,
+        flags: u32,
+    ) -> Result<RenameGrant> {
+        let ident = self.authorize(caller, Operation::Rename, &r.from, r.src_dir)?;
+        // Renaming a secret to a name that is not sensitive would expose it.
+        if let Err(d) = self
+            .gate
+            .guard
+            .check_read(ident.intent().as_deref(), &r.from)
+        {
+            if self
+                .gate
+                .guard
+                .check_read(ident.intent().as_deref(), &r.to)
+                .is_ok()
+            {
+                self.gate.sensitive_read(&ident, caller, &r.from, d)?;
+            }
+        }
+        // A tool's temporary may take a free name next to in-scope files (vim renames the
+        // file to `name~` before writing it anew); such a rename never replaces anything.
+        let to_temp = !r.exchange
+            && self
+                .gate
+                .temp_target(&ident, &r.to, r.src_dir, r.dst.is_some());
+        let from_temp = self.gate.temps.covers(&ident.key, &r.from);
+        let flags = if to_temp && r.dst.is_none() {
+            flags | libc::RENAME_NOREPLACE
+        } else {
+            flags
+        };
+        if !to_temp {
+            self.authorize_as(&ident, caller, Operation::Rename, &r.to, r.src_dir)?;
+        }
+        self.check_git_layout(
+            &ident,
+            caller,
+            Operation::Rename,
+            r.npfd.as_fd(),
+            r.to.parent().unwrap_or(Path::new("")),
+            r.newname,
+        )?;
+        if crate::fs::gitrefs::is_rebase_todo(&r.to) && !r.src_dir {
+            let text = read_at(r.pfd.as_fd(), r.name, 16 << 20).unwrap_or_default();
+            if crate::fs::gitrefs::todo_runs_commands(&text) {
+                return Err(self.todo_denial(&ident, caller, &r.to));
+            }
+        }
+        if r.src_dir {
+            // Hold a counted reference while walking, released right after.
+            let fd = sys::open_path(r.pfd.as_fd(), r.name)?;
+            let dir = self.table.lookup(r.parent, r.name, Some(fd), &r.src);
+            let res = self.authorize_subtree(&ident, caller, &dir, &r.from, &r.to);
+            self.table.forget(dir.nodeid, 1);
+            res?;
+        }
+        if let Some(d) = &r.dst {
+            let dst_dir = d.st_mode & libc::S_IFMT == libc::S_IFDIR;
+            if r.exchange && dst_dir {
+                let fd = sys::open_path(r.npfd.as_fd(), r.newname)?;
+                let n = self.table.lookup(r.newparent, r.newname, Some(fd), d);
+                let res = self.authorize_subtree(&ident, caller, &n, &r.to, &r.from);
+                self.table.forget(n.nodeid, 1);
+                res?;
+            } else if dst_dir {
+                // Replacing a directory: it must be empty, so only its own name matters,
+                // unless it holds protected paths.
+                if let Some(rule) = self.gate.guard.rules().protected.below(&r.to) {
+                    return Err(self.protected_below(
+                        &ident,
+                        caller,
+                        Operation::Rename,
+                        &r.to,
+                        rule,
+                    ));
+                }
+            }
+        }
+        Ok(RenameGrant {
+            ident,
+            from_temp,
+            to_temp,
+            flags,
+        })
+    }
+
+    /// What the rename will change that the ledger carries, read before it happens: the
+    /// file renamed over (an edit), and the git refs it moves, each checked to bring only
+    /// commits within the scope.
+    fn rename_effects(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        r: &RenameReq<'_>,
+    ) -> Result<RenameEffects> {
+        // A rename over a file (`sed -i`, editors, `os.replace`) is an edit of it: the entry
+        // carries the lines that changed against the file it replaced, and both hashes.
+        let edit = match &r.dst {
+            Some(d)
+                if !r.src_dir
+                    && !r.exchange
+                    && d.st_mode & libc::S_IFMT == libc::S_IFREG
+                    && r.src.st_mode & libc::S_IFMT == libc::S_IFREG
+                    && self.content_recorded(&r.to) =>
+            {
+                let small = |dir, n| read_at(dir, n, crate::fs::stale::RANGE_LIMIT);
+                small(r.npfd.as_fd(), r.newname).zip(small(r.pfd.as_fd(), r.name))
+            }
+            _ => None,
+        };
+        let moved_ref = crate::policy::git::ref_name(&r.to).map(|name| {
+            (
+                name,
+                sys::read_ref_at(r.npfd.as_fd(), r.newname),
+                sys::read_ref_at(r.pfd.as_fd(), r.name),
+            )
+        });
+        // A ref moving (or `packed-refs` rewritten) brings only commits within the scope.
+        if let Some((name, _, new)) = &moved_ref {
+            self.check_ref_move(ident, caller, &r.to, name, new.as_deref())?;
+        }
+        let packed = (r.to == Path::new(".git/packed-refs") && !r.src_dir).then(|| {
+            let text = |dir, n| {
+                read_at(dir, n, 64 << 20)
+                    .map(|b| String::from_utf8_lossy(&b).into_owned())
+                    .unwrap_or_default()
+            };
+            crate::fs::gitrefs::packed_changes(
+                &text(r.npfd.as_fd(), r.newname),
+                &text(r.pfd.as_fd(), r.name),
+            )
+        });
+        for (name, _, new) in packed.iter().flatten() {
+            self.check_ref_move(ident, caller, &r.to, name, new.as_deref())?;
+        }
+        Ok(RenameEffects {
+            edit,
+            moved_ref,
+            packed: packed.unwrap_or_default(),
+        })
+    }
+
+    /// After the rename: the refs it moved on record, the temporaries, the identity's
+    /// views and the daemon's names follow the files.
+    fn rename_done(
+        &self,
+        g: &RenameGrant,
+        caller: &Caller,
+        r: &RenameReq<'_>,
+        fx: &RenameEffects,
+    ) -> Result<()> {
+        let ident = &g.ident;
+        if let Some((_, old, new)) = &fx.moved_ref {
+            self.gate
+                .record_ref(ident, caller, &r.to, old.clone(), new.clone())?;
+        }
+        for (name, old, new) in &fx.packed {
+            // `git pack-refs` copies loose refs in: the ref did not move.
+            if new.is_some() && self.loose_value(&r.to, name) == *new {
+                continue;
+            }
+            self.gate
+                .record_ref_named(ident, caller, &r.to, name, old.clone(), new.clone())?;
+        }
+        let temps = &self.gate.temps;
+        match (g.from_temp, g.to_temp) {
+            (true, true) => temps.rename(&r.from, &r.to),
+            (true, false) => {
+                temps.remove(&r.from);
+                temps.remove(&r.to);
+            }
+            (false, true) => temps.add(ident, caller, &r.to, r.src_dir, Some(r.from.clone())),
+            (false, false) => temps.remove(&r.to),
+        }
+        if r.exchange {
+            ident.swap_paths(&r.from, &r.to);
+        } else {
+            ident.move_path(&r.from, &r.to, r.src_dir);
+        }
+        if let Some(n) = self.table.by_backing(r.src.st_dev, r.src.st_ino) {
+            self.table
+                .move_alias(&n, r.parent, r.name, r.newparent, r.newname, &ident.key());
+        }
+        if let Some(d) = &r.dst {
+            if let Some(n) = self.table.by_backing(d.st_dev, d.st_ino) {
+                if r.exchange {
+                    self.table.move_alias(
+                        &n,
+                        r.newparent,
+                        r.newname,
+                        r.parent,
+                        r.name,
+                        &ident.key(),
+                    );
+                } else {
+                    self.table
+                        .remove_alias(&n, r.newparent, r.newname, &ident.key());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The `RENAME` entry: the lines an edit by rename changed, or the content now under
+    /// the new name.
+    fn rename_draft(&self, r: &RenameReq<'_>, edit: Option<(Vec<u8>, Vec<u8>)>) -> Draft {
+        let (ranges, content_hash, prev_content_hash) = match &edit {
+            Some((old, new)) => (
+                crate::ledger::changed_ranges(old, new),
+                Some(crate::ledger::sha256_bytes(new)),
+                Some(crate::ledger::sha256_bytes(old)),
+            ),
+            // A regular file's content is on record under its new name too: it may come
+            // from where nothing is ledgered file by file (written under `.git/`, as a
+            // temporary) and the entry is then its only record (the hash cache knows it
+            // when it was written or read through the mount).
+            None if !r.src_dir
+                && r.src.st_mode & libc::S_IFMT == libc::S_IFREG
+                && self.content_recorded(&r.to) =>
+            {
+                let h = sys::openat_mode(
+                    r.npfd.as_fd(),
+                    r.newname,
+                    libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+                    0,
+                )
+                .ok()
+                .and_then(|fd| self.hashes.hash(&std::fs::File::from(fd)).ok());
+                (None, h.map(|(h, _)| crate::fs::hash::to_string(&h)), None)
+            }
+            None => (None, None, None),
+        };
+        Draft {
+            from: Some(r.from.clone()),
+            ranges,
+            content_hash,
+            prev_content_hash,
+            size: (!r.src_dir).then_some(r.src.st_size as u64),
+            detail: r.exchange.then(|| serde_json::json!({ "exchange": true })),
+            ..Default::default()
+        }
+    }
+
+    /// Whether a file's content at `rel` is recorded entry by entry (not git's internals,
+    /// not build output summarized).
+    fn content_recorded(&self, rel: &Path) -> bool {
+        !crate::fs::stale::untracked(rel)
+            && self.gate.guard.rules().policy.output_match(rel).is_none()
+    }
+}
+
+/// A rename request, resolved.
+struct RenameReq<'a> {
+    parent: u64,
+    name: &'a OsStr,
+    newparent: u64,
+    newname: &'a OsStr,
+    pfd: Arc<std::os::fd::OwnedFd>,
+    npfd: Arc<std::os::fd::OwnedFd>,
+    from: PathBuf,
+    to: PathBuf,
+    src: sys::Stat,
+    src_dir: bool,
+    /// What `to` names now, if anything.
+    dst: Option<sys::Stat>,
+    exchange: bool,
+}
+
+/// What authorizing a rename decided.
+struct RenameGrant {
+    ident: Arc<Identity>,
+    /// `from` is a temporary of the identity's.
+    from_temp: bool,
+    /// `to` is taken as a temporary (a free name, next to in-scope files).
+    to_temp: bool,
+    /// The flags the rename runs with (`RENAME_NOREPLACE` added for a temporary).
+    flags: u32,
+}
+
+/// What a rename changes that the ledger carries, read before it happens.
+struct RenameEffects {
+    /// `(old, new)` content of a file renamed over (an edit).
+    edit: Option<(Vec<u8>, Vec<u8>)>,
+    /// A loose ref moved: `(name, old, new)`.
+    moved_ref: Option<(String, Option<String>, Option<String>)>,
+    /// Refs `packed-refs` changes: `(name, old, new)` each.
+    packed: Vec<(String, Option<String>, Option<String>)>,
+}
+
+/// Up to `limit` bytes of the regular file `dir/name` (never following a symlink, never
+/// blocking on a FIFO).
+fn read_at(dir: std::os::fd::BorrowedFd<'_>, name: &OsStr, limit: u64) -> Option<Vec<u8>> {
+    sys::openat_mode(
+        dir,
+        name,
+        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        0,
+    )
+    .ok()
+    .and_then(|fd| crate::fs::hash::read_small(&std::fs::File::from(fd), limit))
+}
