@@ -20,3 +20,4 @@ pub mod guard;
 pub mod latency;
 pub mod ledger;
 pub mod policy;
+pub mod stat;
