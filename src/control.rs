@@ -19,9 +19,9 @@
 use crate::guard::Operation;
 use std::ffi::OsStr;
 
-use crate::fs::sys::Stat;
 use crate::guard::{Code, Denial, Identities, Identity};
 use crate::policy::Policy;
+use crate::stat::{self, Stat};
 
 /// Name of the control directory at the mount root.
 pub const DIR_NAME: &str = ".intentfs";
@@ -81,15 +81,12 @@ pub fn is_control(ino: u64) -> bool {
 }
 
 fn base_stat(ino: u64, mode: u32, nlink: u64, started: i64) -> Stat {
-    // SAFETY-free: a zeroed stat is a valid value of this plain C struct.
-    let mut st: Stat = unsafe { std::mem::zeroed() };
+    let mut st = stat::zeroed();
     st.st_ino = ino;
     st.st_mode = mode;
     st.st_nlink = nlink;
-    // SAFETY: getuid/getgid have no preconditions.
-    st.st_uid = unsafe { libc::getuid() };
-    // SAFETY: as above.
-    st.st_gid = unsafe { libc::getgid() };
+    st.st_uid = nix::unistd::getuid().as_raw();
+    st.st_gid = nix::unistd::getgid().as_raw();
     st.st_blksize = 4096;
     st.st_atime = started;
     st.st_mtime = started;

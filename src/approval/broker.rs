@@ -1,7 +1,12 @@
 //! The broker: the table of pending requests, their timeout, and the one place a request
-//! is decided. Channels (desktop prompts, the CLI socket) only call [`Inner::decide`];
+//! is decided. Channels (desktop prompts, the CLI socket) only call [`Decider::decide`];
 //! whichever calls it first wins, and the request's callback runs exactly once because
 //! deciding removes the request from the table under the lock before anything else happens.
+//!
+//! A callback re-runs a whole filesystem operation, so it does not run on the thread that
+//! decided (a socket client, a desktop prompt, the timeout thread): it is handed to the
+//! broker's resume pool, and `intentfs approve` gets its answer as soon as the decision is
+//! taken, not after the re-run.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,17 +14,25 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex, RwLock};
 
+use super::decider::Decider;
 use super::desktop::{self, CancelToken, Prompts};
 use super::socket::Server;
-use super::{Ask, AskKind, BrokerConfig, Decision, Grant, Mode, OnDecision, PendingInfo};
+use super::{Ask, AskKind, BrokerConfig, Decision, Grant, Mode, OnDecision, Operator, PendingInfo};
 
 /// The filesystem's circuit-breaker reset: identity key -> whether it was known.
 type ResetHook = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// How long [`Broker::shutdown`] waits for desktop prompts to close their notifications.
 const DESKTOP_CLOSE_GRACE: Duration = Duration::from_secs(3);
+
+/// Threads of the resume pool. A re-run may wait on the disk or on the ledger's queue: a
+/// few side by side keep one slow re-run from holding up the next decision's, and a fixed
+/// number keeps a burst of decisions (an unmount rejecting hundreds) from becoming as many
+/// threads.
+const RESUME_THREADS: usize = 4;
 
 /// The human-approval broker of one mount. Cheap to share (`Arc`), `Send + Sync`.
 ///
@@ -47,9 +60,11 @@ pub(crate) struct Inner {
     /// The filesystem's breaker reset, if installed.
     reset_hook: RwLock<Option<ResetHook>>,
     /// What the control socket does besides approvals (grant identities, lessons).
-    pub(crate) operator: RwLock<Option<Arc<dyn super::Operator>>>,
+    operator: RwLock<Option<Arc<dyn Operator>>>,
     /// Live desktop notification threads and open circuit-breaker notices.
-    pub(crate) prompts: Prompts,
+    pub(crate) prompts: Arc<Prompts>,
+    /// Where decided requests' callbacks run.
+    resume: ResumePool,
 }
 
 /// What `Inner::state` guards.
@@ -78,6 +93,7 @@ impl Broker {
     /// Starts the timeout thread and (if `socket_path`) the socket server thread.
     pub fn start(cfg: BrokerConfig) -> std::io::Result<Arc<Broker>> {
         let socket_path = cfg.socket_path.clone();
+        let resume = ResumePool::start(RESUME_THREADS)?;
         let inner = Arc::new(Inner {
             cfg,
             next_id: AtomicU64::new(1),
@@ -88,10 +104,17 @@ impl Broker {
             wake_timer: Condvar::new(),
             reset_hook: RwLock::new(None),
             operator: RwLock::new(None),
-            prompts: Prompts::default(),
+            prompts: Arc::default(),
+            resume,
         });
         let socket = match socket_path {
-            Some(p) => Some(Server::start(inner.clone(), &p)?),
+            Some(p) => match Server::start(inner.clone(), &p) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    inner.resume.drain();
+                    return Err(e);
+                }
+            },
             None => None,
         };
         let timer_inner = inner.clone();
@@ -104,6 +127,7 @@ impl Broker {
                 if let Some(s) = socket {
                     s.stop();
                 }
+                inner.resume.drain();
                 return Err(e);
             }
         };
@@ -117,7 +141,8 @@ impl Broker {
 
     /// Parks `ask` until a decision, then calls `on` exactly once. Never blocks the caller:
     /// Deny/Allow decide at once (`on` runs inline); Desktop shows a notification and the
-    /// request is also pending for the CLI channel; Cli only pends. Returns the request id.
+    /// request is also pending for the CLI channel; Cli only pends (`on` runs on the resume
+    /// pool once decided). Returns the request id.
     pub fn ask(&self, ask: Ask, on: OnDecision) -> u64 {
         self.inner.ask(ask, on)
     }
@@ -128,17 +153,18 @@ impl Broker {
     }
 
     /// Decides request `id`. False if it is unknown or already decided (or timed out).
+    /// Returns without waiting for the request's callback, which runs on the resume pool.
     pub fn decide(&self, id: u64, d: Decision) -> bool {
         self.inner.decide(id, d)
     }
 
-    /// Installs the filesystem's circuit-breaker reset: identity key -> false if unknown.
-    /// Used by `intentfs reset` and by approving a desktop trip notice.
     /// Install what serves the operator's other requests on the control socket.
-    pub fn set_operator(&self, op: Arc<dyn super::Operator>) {
+    pub fn set_operator(&self, op: Arc<dyn Operator>) {
         *self.inner.operator.write() = Some(op);
     }
 
+    /// Installs the filesystem's circuit-breaker reset: identity key -> false if unknown.
+    /// Used by `intentfs reset` and by approving a desktop trip notice.
     pub fn set_reset_hook(&self, f: Box<dyn Fn(&str) -> bool + Send + Sync>) {
         *self.inner.reset_hook.write() = Some(Arc::from(f));
     }
@@ -153,13 +179,21 @@ impl Broker {
             "circuit breaker tripped: mutations refused with CIRCUIT_OPEN until `intentfs reset {identity}`"
         );
         if self.inner.cfg.mode == Mode::Desktop && !self.inner.is_shut_down() {
-            desktop::spawn_trip_notice(&self.inner, identity, agent, denials);
+            desktop::spawn_trip_notice(
+                self.inner.clone(),
+                &self.inner.prompts,
+                identity,
+                agent,
+                denials,
+            );
         }
     }
 
-    /// Unmount: every pending request is decided `Rejected { by: "unmount" }` (callbacks run
-    /// on this thread), desktop notifications are closed, threads stop and the socket file
-    /// is removed. Idempotent.
+    /// Unmount: every pending request is decided `Rejected { by: "unmount" }`, desktop
+    /// notifications are closed, threads stop and the socket file is removed. The resume
+    /// pool is drained: every callback handed to it has run when this returns (unless this
+    /// is itself a callback on the pool, which cannot wait for itself: then its own thread
+    /// runs what is left once the callback returns). Idempotent.
     pub fn shutdown(&self) {
         let taken = {
             let mut st = self.inner.state.lock();
@@ -188,11 +222,14 @@ impl Broker {
         self.inner.prompts.close_all_trip_notices();
         self.inner.prompts.wait_idle(DESKTOP_CLOSE_GRACE);
         if let Some(t) = self.timer.lock().take() {
-            // A callback run by the timeout thread may itself unmount: never join oneself.
+            // Callbacks no longer run on the timeout thread, but never join oneself anyway.
             if t.thread().id() != std::thread::current().id() {
                 let _ = t.join();
             }
         }
+        // Last: decisions taken by a channel or the timeout thread just before the table was
+        // taken are in the pool by now, and run before it stops.
+        self.inner.resume.drain();
         tracing::info!(rejected = n, "approval broker stopped");
     }
 }
@@ -255,12 +292,12 @@ impl Inner {
             "approval requested: `intentfs approvals` lists it"
         );
         if let Some(token) = prompt {
-            desktop::spawn_prompt(self, id, log_ask, token);
+            desktop::spawn_prompt(self.clone(), &self.prompts, id, log_ask, token);
         }
         id
     }
 
-    pub(crate) fn pending(&self) -> Vec<PendingInfo> {
+    fn pending(&self) -> Vec<PendingInfo> {
         let now = Instant::now();
         let st = self.state.lock();
         st.pending
@@ -279,15 +316,14 @@ impl Inner {
             .collect()
     }
 
-    /// The kind and intent of a pending request, for validating a grant before deciding.
-    pub(crate) fn peek(&self, id: u64) -> Option<(AskKind, Option<String>)> {
+    fn peek(&self, id: u64) -> Option<(AskKind, Option<String>)> {
         let st = self.state.lock();
         st.pending
             .get(&id)
             .map(|p| (p.ask.kind, p.ask.intent.clone()))
     }
 
-    pub(crate) fn decide(&self, id: u64, d: Decision) -> bool {
+    fn decide(&self, id: u64, d: Decision) -> bool {
         // Removing under the lock is what makes "first channel wins, callback once" hold.
         let Some(p) = self.state.lock().pending.remove(&id) else {
             tracing::debug!(id, decision = ?d, "approval already decided; ignoring");
@@ -297,7 +333,8 @@ impl Inner {
         true
     }
 
-    /// Runs the consequences of a decision of a request already removed from the table.
+    /// Runs the consequences of a decision of a request already removed from the table: the
+    /// prompt is closed and a scope grant recorded here, the callback goes to the pool.
     fn finish(&self, id: u64, p: Pending, d: Decision) {
         if let Some(t) = &p.prompt {
             t.cancel();
@@ -321,11 +358,11 @@ impl Inner {
         }
         let waited_ms = p.created.elapsed().as_millis();
         tracing::info!(id, decision = ?d, waited_ms, path = %p.ask.path.display(), "approval decided");
-        (p.on)(d);
+        let on = p.on;
+        self.resume.run(Box::new(move || on(d)));
     }
 
-    /// Calls the reset hook. `None`: no hook installed. Closes the identity's trip notice.
-    pub(crate) fn reset(&self, identity: &str) -> Option<bool> {
+    fn reset(&self, identity: &str) -> Option<bool> {
         let hook = self.reset_hook.read().clone()?;
         let known = hook(identity);
         if known {
@@ -335,7 +372,7 @@ impl Inner {
         Some(known)
     }
 
-    pub(crate) fn is_shut_down(&self) -> bool {
+    fn is_shut_down(&self) -> bool {
         self.state.lock().shutdown
     }
 
@@ -372,6 +409,106 @@ impl Inner {
             };
             for (id, p) in expired {
                 self.finish(id, p, Decision::TimedOut);
+            }
+        }
+    }
+}
+
+impl Decider for Inner {
+    fn config(&self) -> &BrokerConfig {
+        &self.cfg
+    }
+
+    fn decide(&self, id: u64, d: Decision) -> bool {
+        Inner::decide(self, id, d)
+    }
+
+    fn pending(&self) -> Vec<PendingInfo> {
+        Inner::pending(self)
+    }
+
+    fn peek(&self, id: u64) -> Option<(AskKind, Option<String>)> {
+        Inner::peek(self, id)
+    }
+
+    /// Calls the reset hook and closes the identity's trip notice.
+    fn reset(&self, identity: &str) -> Option<bool> {
+        Inner::reset(self, identity)
+    }
+
+    fn operator(&self) -> Option<Arc<dyn Operator>> {
+        self.operator.read().clone()
+    }
+}
+
+/// A callback with its decision, ready to run.
+type Job = Box<dyn FnOnce() + Send + 'static>;
+
+/// A few threads that run decided requests' callbacks, fed by a channel. Stopped by
+/// [`ResumePool::drain`], which lets them finish everything already handed over.
+struct ResumePool {
+    /// The feeding end; `None` once drained (later jobs run on the caller's thread).
+    tx: Mutex<Option<Sender<Job>>>,
+    /// The pool's threads, joined at drain.
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl ResumePool {
+    fn start(n: usize) -> std::io::Result<ResumePool> {
+        let (tx, rx) = crossbeam_channel::unbounded::<Job>();
+        let pool = ResumePool {
+            tx: Mutex::new(Some(tx)),
+            threads: Mutex::new(Vec::with_capacity(n)),
+        };
+        for i in 0..n {
+            let rx = rx.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("intentfs-resume-{i}"))
+                .spawn(move || Self::work(&rx));
+            match t {
+                Ok(t) => pool.threads.lock().push(t),
+                Err(e) => {
+                    pool.drain();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(pool)
+    }
+
+    /// Until the channel is closed and empty: run each job. A panicking callback is logged
+    /// and does not take its thread down with it (the pool would shrink for good).
+    fn work(rx: &Receiver<Job>) {
+        for job in rx.iter() {
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
+                tracing::error!("an approval callback panicked");
+            }
+        }
+    }
+
+    /// Runs `job` on the pool; on this thread once the pool is drained, so that a decision
+    /// racing with unmount still runs its callback exactly once.
+    fn run(&self, job: Job) {
+        let tx = self.tx.lock().clone();
+        let job = match tx {
+            Some(tx) => match tx.send(job) {
+                Ok(()) => return,
+                Err(crossbeam_channel::SendError(job)) => job,
+            },
+            None => job,
+        };
+        job();
+    }
+
+    /// Closes the channel and waits until the threads have run every job handed over
+    /// (never for the calling thread, when a callback unmounts). Idempotent.
+    fn drain(&self) {
+        drop(self.tx.lock().take());
+        let threads = std::mem::take(&mut *self.threads.lock());
+        let me = std::thread::current().id();
+        for t in threads {
+            if t.thread().id() != me {
+                let _ = t.join();
             }
         }
     }

@@ -6,20 +6,23 @@
 //! out, or the mount is going away), and then closes the notification so no stale prompt
 //! lingers. notify-rust's blocking `wait_for_action` and `close` both consume the handle,
 //! so a thread blocked in one could never do the other: we use the `&self` async versions
-//! and drive them with the tiny executor at the bottom of this file (zbus runs its own
-//! socket-reading thread, so a park/unpark `block_on` is all it needs).
+//! and drive them with futures-lite's `block_on` (zbus runs its own socket-reading thread,
+//! so a park/unpark executor on the prompt thread is all it needs).
+//!
+//! The channel decides through [`Decider`]; it never sees the broker.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
+use futures_lite::future::{block_on, or};
 use notify_rust::{CloseReason, Notification, NotificationResponse, Timeout, Urgency};
 use parking_lot::{Condvar, Mutex};
 
-use super::broker::Inner;
+use super::decider::Decider;
 use super::{Ask, AskKind, Decision, Grant};
 
 /// At most this many notifications are waited on at once (each costs our thread and a
@@ -92,23 +95,36 @@ impl Prompts {
     }
 }
 
-/// Releases a prompt slot when its thread ends, even by panic.
-struct Slot(Arc<Inner>);
+/// A prompt thread's broker and prompt table; releases its slot when the thread ends, even
+/// by panic.
+struct Slot {
+    decider: Arc<dyn Decider>,
+    prompts: Arc<Prompts>,
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.prompts.release();
+        self.prompts.release();
     }
 }
 
 /// Shows request `id` as a notification on its own thread. Beyond the cap, or if a
 /// thread cannot be spawned, the request stays pending for the CLI channel only.
-pub(crate) fn spawn_prompt(inner: &Arc<Inner>, id: u64, ask: Ask, token: Arc<CancelToken>) {
-    if !inner.prompts.try_acquire() {
+pub(crate) fn spawn_prompt(
+    decider: Arc<dyn Decider>,
+    prompts: &Arc<Prompts>,
+    id: u64,
+    ask: Ask,
+    token: Arc<CancelToken>,
+) {
+    if !prompts.try_acquire() {
         tracing::warn!(id, "{MAX_DESKTOP_PROMPTS} desktop prompts already open: request {id} is pending for `intentfs approve {id}` only");
         return;
     }
-    let slot = Slot(inner.clone());
+    let slot = Slot {
+        decider,
+        prompts: prompts.clone(),
+    };
     let spawned = std::thread::Builder::new()
         .name(format!("intentfs-prompt-{id}"))
         .spawn(move || run_prompt(slot, id, ask, token));
@@ -121,8 +137,9 @@ pub(crate) fn spawn_prompt(inner: &Arc<Inner>, id: u64, ask: Ask, token: Arc<Can
 }
 
 fn run_prompt(slot: Slot, id: u64, ask: Ask, token: Arc<CancelToken>) {
-    let inner = &slot.0;
-    let n = request_notification(id, &ask, &inner.cfg.mountpoint, inner.cfg.timeout);
+    let decider = &slot.decider;
+    let cfg = decider.config();
+    let n = request_notification(id, &ask, &cfg.mountpoint, cfg.timeout);
     let handle = match block_on(n.show_async()) {
         Ok(h) => h,
         Err(e) => {
@@ -132,11 +149,10 @@ fn run_prompt(slot: Slot, id: u64, ask: Ask, token: Arc<CancelToken>) {
     };
     loop {
         let mut response = None;
-        let waited = block_on(race(
+        if cancelled_first(
             handle.wait_for_action_async(|r| response = Some(r.clone())),
-            token.cancelled(),
-        ));
-        if let Either::Right(()) = waited {
+            &token,
+        ) {
             break; // decided elsewhere: close below
         }
         let d = match response {
@@ -156,7 +172,7 @@ fn run_prompt(slot: Slot, id: u64, ask: Ask, token: Arc<CancelToken>) {
                 return;
             }
             Some(NotificationResponse::Closed(_)) => {
-                inner.decide(
+                decider.decide(
                     id,
                     Decision::Rejected {
                         by: "desktop".into(),
@@ -165,7 +181,7 @@ fn run_prompt(slot: Slot, id: u64, ask: Ask, token: Arc<CancelToken>) {
                 return; // already closed
             }
         };
-        inner.decide(id, d);
+        decider.decide(id, d);
         break;
     }
     block_on(handle.close_async());
@@ -233,8 +249,14 @@ fn request_notification(id: u64, ask: &Ask, mountpoint: &Path, timeout: Duration
 }
 
 /// Shows the circuit-breaker notice for `identity`; approving it resets the breaker.
-pub(crate) fn spawn_trip_notice(inner: &Arc<Inner>, identity: &str, agent: &str, denials: u32) {
-    if !inner.prompts.try_acquire() {
+pub(crate) fn spawn_trip_notice(
+    decider: Arc<dyn Decider>,
+    prompts: &Arc<Prompts>,
+    identity: &str,
+    agent: &str,
+    denials: u32,
+) {
+    if !prompts.try_acquire() {
         tracing::warn!(
             identity,
             "too many desktop prompts: use `intentfs reset {identity}`"
@@ -242,15 +264,17 @@ pub(crate) fn spawn_trip_notice(inner: &Arc<Inner>, identity: &str, agent: &str,
         return;
     }
     let token = Arc::new(CancelToken::default());
-    if let Some(old) = inner
-        .prompts
+    if let Some(old) = prompts
         .trips
         .lock()
         .insert(identity.to_string(), token.clone())
     {
         old.cancel();
     }
-    let slot = Slot(inner.clone());
+    let slot = Slot {
+        decider,
+        prompts: prompts.clone(),
+    };
     let (identity, agent) = (identity.to_string(), agent.to_string());
     let spawned = std::thread::Builder::new()
         .name("intentfs-trip-notice".into())
@@ -267,13 +291,13 @@ fn run_trip_notice(
     denials: u32,
     token: Arc<CancelToken>,
 ) {
-    let inner = &slot.0;
+    let (decider, prompts) = (&slot.decider, &slot.prompts);
     let body = format!(
         "agent {} ({}) was refused {denials} times and is stopped: its mutations fail with \
          CIRCUIT_OPEN.\nmount: {}\nApprove to let it continue, or run `intentfs reset {}`.",
         clean(&agent),
         clean(&identity),
-        clean(&inner.cfg.mountpoint.to_string_lossy()),
+        clean(&decider.config().mountpoint.to_string_lossy()),
         clean(&identity),
     );
     let mut n = Notification::new();
@@ -299,17 +323,16 @@ fn run_trip_notice(
     };
     loop {
         let mut response = None;
-        let waited = block_on(race(
+        if cancelled_first(
             handle.wait_for_action_async(|r| response = Some(r.clone())),
-            token.cancelled(),
-        ));
-        if let Either::Right(()) = waited {
+            &token,
+        ) {
             break;
         }
         match response {
             Some(NotificationResponse::Action(key)) if key == ACT_APPROVE => {
-                inner.prompts.trips.lock().remove(&identity);
-                match inner.reset(&identity) {
+                prompts.trips.lock().remove(&identity);
+                match decider.reset(&identity) {
                     Some(true) => {}
                     Some(false) => {
                         tracing::warn!(identity, "reset from the desktop: unknown identity")
@@ -326,7 +349,7 @@ fn run_trip_notice(
         }
     }
     // Only the notice we registered: a newer trip may have replaced it.
-    let mut trips = inner.prompts.trips.lock();
+    let mut trips = prompts.trips.lock();
     if trips.get(&identity).is_some_and(|t| Arc::ptr_eq(t, &token)) {
         trips.remove(&identity);
     }
@@ -454,47 +477,19 @@ impl CancelToken {
     }
 }
 
-enum Either<A, B> {
-    Left(A),
-    Right(B),
-}
-
-/// Polls both futures; the first ready one wins (the left one on a tie).
-fn race<A: Future, B: Future>(a: A, b: B) -> impl Future<Output = Either<A::Output, B::Output>> {
-    let (mut a, mut b) = (Box::pin(a), Box::pin(b));
-    std::future::poll_fn(move |cx| {
-        if let Poll::Ready(x) = a.as_mut().poll(cx) {
-            return Poll::Ready(Either::Left(x));
-        }
-        if let Poll::Ready(y) = b.as_mut().poll(cx) {
-            return Poll::Ready(Either::Right(y));
-        }
-        Poll::Pending
-    })
-}
-
-struct ThreadWaker(std::thread::Thread);
-
-impl Wake for ThreadWaker {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-/// Runs a future on the current thread, parking between polls.
-fn block_on<F: Future>(fut: F) -> F::Output {
-    let mut fut = std::pin::pin!(fut);
-    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    loop {
-        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
-            return v;
-        }
-        std::thread::park();
-    }
+/// Waits on this thread for `wait` (a notification's action) or `token`, whichever comes
+/// first; true when the token was (the action wins a tie, as it was the person's answer).
+fn cancelled_first(wait: impl Future<Output = ()>, token: &CancelToken) -> bool {
+    block_on(or(
+        async {
+            wait.await;
+            false
+        },
+        async {
+            token.cancelled().await;
+            true
+        },
+    ))
 }
 
 #[cfg(test)]

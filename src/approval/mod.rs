@@ -8,6 +8,7 @@
 //! its callback and installs a reset hook ([`Broker::set_reset_hook`]).
 
 mod broker;
+mod decider;
 mod desktop;
 mod scope_updates;
 pub mod socket;
@@ -227,7 +228,8 @@ pub trait Operator: Send + Sync {
     fn ack(&self, uid: u32, req: AckRequest) -> Result<usize, String>;
 }
 
-/// Called exactly once with the decision, on whichever thread decided (the caller of
-/// [`Broker::ask`] in Deny/Allow modes, else a broker, socket or desktop thread). Keep it
-/// short: reply, ledger, return.
+/// Called exactly once with the decision: on the caller of [`Broker::ask`] in Deny/Allow
+/// modes (and after unmount), else on one of the broker's few resume threads, never on
+/// the channel that decided. It may re-run a filesystem operation, but a callback that
+/// blocks for long holds a resume thread, and unmount waits for it.
 pub type OnDecision = Box<dyn FnOnce(Decision) + Send + 'static>;

@@ -17,26 +17,37 @@
 //! identity) and lessons. Only the mount owner's uid and root may use it, so an agent running
 //! under another uid can neither approve its own requests nor grant itself an identity: the socket file is mode 0600, and every connection's
 //! `SO_PEERCRED` is checked anyway (a mode can be changed; the kernel's word cannot).
+//!
+//! A refused peer gets its answer from one of at most [`MAX_REFUSING`] short-lived threads;
+//! beyond that its connection is closed unanswered, so another uid cannot make the daemon
+//! spawn a thread per connection it opens.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use serde::{Deserialize, Serialize};
 
-use super::broker::Inner;
+use super::decider::Decider;
 use super::{AckRequest, Decision, Grant, LessonRequest, PendingInfo, RegisterRequest, Registered};
 
 /// A client that sends nothing for this long is disconnected.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest request line accepted.
 const MAX_LINE: u64 = 64 * 1024;
+/// How long a refused peer has to send its request before it is answered anyway.
+const REFUSE_READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// Refused connections answered at once; beyond this they are closed without an answer.
+/// A person who mistyped the mount gets the explanation; a peer opening connections in a
+/// loop gets no more than this many threads out of the daemon.
+pub(crate) const MAX_REFUSING: usize = 4;
 
 /// One request line.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -114,8 +125,7 @@ pub fn call(path: &Path, req: &Request) -> io::Result<Response> {
     // The daemon is the mount's owner: our own uid, or root. Anyone else listening here
     // took the socket's place, and must not receive an approval or a grant.
     let (_, server_uid) = peer_cred(&s)?;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = nix::unistd::geteuid().as_raw();
     if server_uid != me && server_uid != 0 {
         return Err(io::Error::other(
             format!(
@@ -160,7 +170,7 @@ pub(crate) struct Server {
 
 impl Server {
     /// Binds `path` (mode 0600, replacing a stale socket) and serves it on a thread.
-    pub(crate) fn start(inner: Arc<Inner>, path: &Path) -> io::Result<Server> {
+    pub(crate) fn start(decider: Arc<dyn Decider>, path: &Path) -> io::Result<Server> {
         if let Some(dir) = path.parent() {
             use std::os::unix::fs::DirBuilderExt;
             std::fs::DirBuilder::new()
@@ -190,7 +200,7 @@ impl Server {
         let (l2, stop2) = (listener.clone(), stop.clone());
         let thread = std::thread::Builder::new()
             .name("intentfs-approval-socket".into())
-            .spawn(move || accept_loop(&l2, inner, &stop2))?;
+            .spawn(move || accept_loop(&l2, decider, &stop2))?;
         tracing::info!(socket = %path.display(), "approval socket listening");
         Ok(Server {
             path: path.to_path_buf(),
@@ -203,15 +213,37 @@ impl Server {
     /// Stops accepting, joins the accept loop and removes the socket file.
     pub(crate) fn stop(self) {
         self.stop.store(true, Ordering::SeqCst);
-        // SAFETY: the fd belongs to `self.listener`, open for as long as we hold it.
-        // shutdown(2) on a listening socket makes a blocked accept(2) return on Linux.
-        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        // shutdown(2) on a listening socket makes a blocked accept(2) return on Linux. The
+        // fd is `self.listener`'s, open for as long as we hold it.
+        let _ =
+            nix::sys::socket::shutdown(self.listener.as_raw_fd(), nix::sys::socket::Shutdown::Both);
         let _ = self.thread.join();
         let _ = std::fs::remove_file(&self.path);
     }
 }
 
-fn accept_loop(listener: &UnixListener, inner: Arc<Inner>, stop: &AtomicBool) {
+/// Counts the refusing threads; a slot is given back when its thread ends.
+struct RefuseSlot(Arc<AtomicUsize>);
+
+impl RefuseSlot {
+    fn try_take(n: &Arc<AtomicUsize>) -> Option<RefuseSlot> {
+        n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |k| {
+            (k < MAX_REFUSING).then_some(k + 1)
+        })
+        .ok()
+        .map(|_| RefuseSlot(n.clone()))
+    }
+}
+
+impl Drop for RefuseSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn accept_loop(listener: &UnixListener, decider: Arc<dyn Decider>, stop: &AtomicBool) {
+    let owner_uid = decider.config().owner_uid;
+    let refusing = Arc::new(AtomicUsize::new(0));
     loop {
         let conn = listener.accept();
         if stop.load(Ordering::SeqCst) {
@@ -234,22 +266,26 @@ fn accept_loop(listener: &UnixListener, inner: Arc<Inner>, stop: &AtomicBool) {
                 continue;
             }
         };
-        if uid != 0 && uid != inner.cfg.owner_uid {
+        if uid != 0 && uid != owner_uid {
             tracing::warn!(
                 uid,
                 "approval socket: refused a connection from another uid"
             );
+            let Some(slot) = RefuseSlot::try_take(&refusing) else {
+                tracing::debug!(uid, "{MAX_REFUSING} refusals under way: closed unanswered");
+                continue;
+            };
             let r = Response::err(format!(
                 "permission denied: uid {uid} may not use the approval socket of this mount \
-                 (owner uid {}); only the mount's owner and root decide approvals",
-                inner.cfg.owner_uid
+                 (owner uid {owner_uid}); only the mount's owner and root decide approvals"
             ));
             // Read the client's request before answering and closing: a close with unread
             // data resets the connection, and the client would see EPIPE instead of this.
             let _ = std::thread::Builder::new()
-                .name("intentfs-approval-refuse".into())
+                .name("intentfs-refuse".into())
                 .spawn(move || {
-                    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+                    let _slot = slot;
+                    let _ = stream.set_read_timeout(Some(REFUSE_READ_TIMEOUT));
                     let mut line = String::new();
                     let _ = BufReader::new(&stream).take(MAX_LINE).read_line(&mut line);
                     let _ = write_response(&stream, &r);
@@ -257,10 +293,10 @@ fn accept_loop(listener: &UnixListener, inner: Arc<Inner>, stop: &AtomicBool) {
                 });
             continue;
         }
-        let inner = inner.clone();
+        let decider = decider.clone();
         let spawned = std::thread::Builder::new()
             .name("intentfs-approval-client".into())
-            .spawn(move || serve_client(stream, &inner, pid, uid));
+            .spawn(move || serve_client(stream, decider.as_ref(), pid, uid));
         if let Err(e) = spawned {
             tracing::warn!("approval socket: cannot start a client thread: {e}");
         }
@@ -270,26 +306,8 @@ fn accept_loop(listener: &UnixListener, inner: Arc<Inner>, stop: &AtomicBool) {
 /// `(pid, uid)` of the process at the other end, from the kernel (the pid as this process's
 /// pid namespace sees it; 0 when it is not visible here).
 pub fn peer_cred(s: &UnixStream) -> io::Result<(u32, u32)> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid for writes and `len` is the size of `cred`.
-    let rc = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((cred.pid.max(0) as u32, cred.uid))
+    let cred = getsockopt(s, PeerCredentials)?;
+    Ok((cred.pid().max(0) as u32, cred.uid()))
 }
 
 fn write_response(mut s: &UnixStream, r: &Response) -> io::Result<()> {
@@ -298,7 +316,7 @@ fn write_response(mut s: &UnixStream, r: &Response) -> io::Result<()> {
     s.write_all(line.as_bytes())
 }
 
-fn serve_client(stream: UnixStream, inner: &Inner, pid: u32, uid: u32) {
+fn serve_client(stream: UnixStream, decider: &dyn Decider, pid: u32, uid: u32) {
     let _ = stream.set_read_timeout(Some(IDLE_TIMEOUT));
     let mut reader = BufReader::new(&stream);
     loop {
@@ -311,7 +329,7 @@ fn serve_client(stream: UnixStream, inner: &Inner, pid: u32, uid: u32) {
             continue;
         }
         let r = match serde_json::from_str::<Request>(&line) {
-            Ok(req) => handle(inner, req, pid, uid),
+            Ok(req) => handle(decider, req, pid, uid),
             Err(e) => Response::err(format!("bad request: {e}")),
         };
         if write_response(&stream, &r).is_err() {
@@ -321,15 +339,15 @@ fn serve_client(stream: UnixStream, inner: &Inner, pid: u32, uid: u32) {
 }
 
 /// Executes one request for a peer already known to be the owner or root.
-fn handle(inner: &Inner, req: Request, pid: u32, uid: u32) -> Response {
+fn handle(decider: &dyn Decider, req: Request, pid: u32, uid: u32) -> Response {
     let by = format!("cli:uid={uid}");
     let gone = |id: u64| {
         Response::err(format!("no pending request {id}: already decided or timed out\nhint: `intentfs approvals` lists pending requests"))
     };
     match req {
-        Request::List => Response { ok: true, pending: Some(inner.pending()), ..Default::default() },
+        Request::List => Response { ok: true, pending: Some(decider.pending()), ..Default::default() },
         Request::Approve { id, grant } => {
-            let Some((kind, intent)) = inner.peek(id) else { return gone(id) };
+            let Some((kind, intent)) = decider.peek(id) else { return gone(id) };
             if !kind.allows(grant) {
                 return Response::err(format!(
                     "request {id} is a {} request: grant {} does not apply\nhint: {}",
@@ -343,41 +361,41 @@ fn handle(inner: &Inner, req: Request, pid: u32, uid: u32) -> Response {
                     "request {id} has no intent selected: there is no scope to expand\nhint: approve with --for-file or no flag"
                 ));
             }
-            if inner.decide(id, Decision::Approved { grant, by }) {
+            if decider.decide(id, Decision::Approved { grant, by }) {
                 Response::ok()
             } else {
                 gone(id)
             }
         }
         Request::Reject { id } => {
-            if inner.decide(id, Decision::Rejected { by }) {
+            if decider.decide(id, Decision::Rejected { by }) {
                 Response::ok()
             } else {
                 gone(id)
             }
         }
-        Request::Reset { identity } => match inner.reset(&identity) {
+        Request::Reset { identity } => match decider.reset(&identity) {
             Some(true) => Response::ok(),
             Some(false) => Response::err(format!(
                 "no identity {identity:?} on this mount\nhint: identities are `default` or `run:<pid>`; `cat MOUNT/.intentfs/status` lists them"
             )),
             None => Response::err("this mount has no circuit breaker to reset"),
         },
-        Request::Register(r) => with_operator(inner, |op| {
+        Request::Register(r) => with_operator(decider, |op| {
             op.register(pid, r).map(|reg| Response {
                 ok: true,
                 registered: Some(reg),
                 ..Default::default()
             })
         }),
-        Request::Lesson(l) => with_operator(inner, |op| {
+        Request::Lesson(l) => with_operator(decider, |op| {
             op.lesson(l).map(|file| Response {
                 ok: true,
                 file: Some(file),
                 ..Default::default()
             })
         }),
-        Request::Ack(r) => with_operator(inner, |op| {
+        Request::Ack(r) => with_operator(decider, |op| {
             op.ack(uid, r).map(|n| Response {
                 ok: true,
                 acked: Some(n),
@@ -387,14 +405,13 @@ fn handle(inner: &Inner, req: Request, pid: u32, uid: u32) -> Response {
         Request::Unmount => {
             tracing::info!(uid, "approval socket: unmount requested");
             // The daemon's signal thread does the unmount (see `cli::mount::serve`).
-            // SAFETY: kill with our own pid has no memory preconditions.
-            if unsafe { libc::kill(libc::getpid(), libc::SIGTERM) } == 0 {
-                Response::ok()
-            } else {
-                Response::err(format!(
+            use nix::sys::signal::{kill, Signal};
+            match kill(nix::unistd::getpid(), Signal::SIGTERM) {
+                Ok(()) => Response::ok(),
+                Err(e) => Response::err(format!(
                     "cannot signal the daemon: {}",
-                    io::Error::last_os_error()
-                ))
+                    io::Error::from(e)
+                )),
             }
         }
     }
@@ -403,10 +420,10 @@ fn handle(inner: &Inner, req: Request, pid: u32, uid: u32) -> Response {
 /// Serve a request of the operator's (identities, lessons, acknowledgements) with the
 /// filesystem's handler, once it is installed.
 fn with_operator(
-    inner: &Inner,
+    decider: &dyn Decider,
     f: impl FnOnce(&dyn super::Operator) -> Result<Response, String>,
 ) -> Response {
-    let Some(op) = inner.operator.read().clone() else {
+    let Some(op) = decider.operator() else {
         return Response::err("the mount is still starting: try again in a moment");
     };
     f(op.as_ref()).unwrap_or_else(Response::err)

@@ -372,8 +372,7 @@ mod tests {
             mode: Mode::Cli,
             timeout: Duration::from_secs(60),
             socket_path: Some(sock.clone()),
-            // SAFETY: no preconditions.
-            owner_uid: unsafe { libc::geteuid() },
+            owner_uid: nix::unistd::geteuid().as_raw(),
             mountpoint: "/mnt".into(),
             workspace: dir.path().into(),
         })

@@ -168,8 +168,7 @@ fn ack(a: AckArgs) -> anyhow::Result<ExitCode> {
                 .unwrap_or(0)
         }
         None => {
-            // SAFETY: geteuid has no preconditions.
-            let uid = unsafe { libc::geteuid() };
+            let uid = nix::unistd::geteuid().as_raw();
             let drafts = crate::ledger::ack_drafts(&ws, &rels, a.note.as_deref(), uid)
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             let (l, _) =

@@ -90,8 +90,11 @@ pub fn run() -> ExitCode {
             | Command::CheckPolicy(_)
             | Command::Approvals(_)
     ) {
-        // SAFETY: restoring the default action of SIGPIPE before any thread exists.
-        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        use nix::sys::signal::{signal, SigHandler, Signal};
+        // SAFETY: `signal` is unsafe because a handler runs at any point of any thread;
+        // SIG_DFL installs no handler (a broken pipe ends the process), and no thread exists
+        // yet to have relied on SIGPIPE being ignored.
+        let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
     }
     let result = match cli.command {
         Command::Mount(a) => mount::run(a),

@@ -6,7 +6,6 @@
 //! prints the child's error and fails.
 
 use std::io::{BufRead, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,6 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
+use nix::sys::signal::{SigSet, Signal};
+use nix::unistd::ForkResult;
 
 use super::runtime;
 use crate::approval::{Broker, BrokerConfig, Mode};
@@ -400,8 +401,7 @@ fn backing_exposure(workspace: &Path, owner: u32) -> Option<String> {
 pub fn run(a: MountArgs) -> anyhow::Result<ExitCode> {
     let (plan, rt) = validate(a)?;
     if plan.args.allow_other {
-        // SAFETY: geteuid has no preconditions.
-        if let Some(why) = backing_exposure(&plan.workspace, unsafe { libc::geteuid() }) {
+        if let Some(why) = backing_exposure(&plan.workspace, nix::unistd::geteuid().as_raw()) {
             eprintln!(
                 "warning: {} is writable by other users; agents sharing this mount could bypass \
                  intentfs by writing it directly (see mount/containers.md)\n  ({why})",
@@ -425,20 +425,17 @@ pub fn run(a: MountArgs) -> anyhow::Result<ExitCode> {
         .log
         .clone()
         .unwrap_or_else(|| rt.path.join("daemon.log"));
-    let mut fds = [0; 2];
-    // SAFETY: fds is a valid 2-element array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        bail!("pipe: {}", std::io::Error::last_os_error());
-    }
-    // SAFETY: both fds were just created and are owned here.
-    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    // SAFETY: no other thread exists yet (nothing has been spawned), so fork is safe.
-    match unsafe { libc::fork() } {
-        -1 => bail!("fork: {}", std::io::Error::last_os_error()),
-        0 => {
+    let (rd, wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe")?;
+    // SAFETY: fork is unsafe because the child of a multithreaded process may only make
+    // async-signal-safe calls until it execs. This process has one thread here: nothing
+    // has been spawned yet (the broker, ledger and FUSE threads start in `serve`, after the
+    // fork), so the child is a full copy and may allocate, log and spawn as it likes.
+    match unsafe { nix::unistd::fork() }.context("fork")? {
+        ForkResult::Child => {
             drop(rd);
-            // SAFETY: setsid in the child detaches it from the terminal's session.
-            unsafe { libc::setsid() };
+            // Detach from the terminal's session. It cannot fail here: a forked child is
+            // never a process group leader.
+            let _ = nix::unistd::setsid();
             // The default log is opened in the verified runtime directory, not by path.
             let logf = match &plan.args.log {
                 Some(p) => std::fs::OpenOptions::new()
@@ -463,7 +460,7 @@ pub fn run(a: MountArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        _child => {
+        ForkResult::Parent { .. } => {
             drop(wr);
             // "WARN ..." lines for the user, then one line: "OK" once the mount serves, or
             // "ERR ..."; EOF if the child died.
@@ -495,20 +492,16 @@ pub fn run(a: MountArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn redirect_stdio(logf: Option<std::fs::File>) {
-    use std::os::fd::AsRawFd;
     let null = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/null");
-    // SAFETY: dup2 onto the standard fds of this (child) process.
-    unsafe {
-        if let Ok(n) = &null {
-            libc::dup2(n.as_raw_fd(), 0);
-        }
-        if let Some(l) = &logf {
-            libc::dup2(l.as_raw_fd(), 1);
-            libc::dup2(l.as_raw_fd(), 2);
-        }
+    if let Ok(n) = &null {
+        let _ = nix::unistd::dup2_stdin(n);
+    }
+    if let Some(l) = &logf {
+        let _ = nix::unistd::dup2_stdout(l);
+        let _ = nix::unistd::dup2_stderr(l);
     }
 }
 
@@ -524,17 +517,15 @@ fn init_logging(_log: Option<&Path>) {
 
 /// Block the termination signals in this thread (and every thread spawned after), so one
 /// thread can wait for them with `sigwait`.
-fn block_signals() -> libc::sigset_t {
-    // SAFETY: sigset manipulation on a local set; pthread_sigmask on the current thread.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGHUP);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
+fn block_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        set.add(s);
     }
+    if let Err(e) = set.thread_block() {
+        tracing::warn!("blocking the termination signals: {e}");
+    }
+    set
 }
 
 /// Mount, signal readiness, serve until unmounted, then close the ledger.
@@ -617,8 +608,7 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
         timeout: Duration::from_secs(guard.rules().policy.approval().timeout_s),
         // Bound through the verified directory's handle: no path a symlink could redirect.
         socket_path: Some(rt.via_fd(super::approvals::SOCKET_NAME)),
-        // SAFETY: getuid has no preconditions.
-        owner_uid: unsafe { libc::getuid() },
+        owner_uid: nix::unistd::getuid().as_raw(),
         mountpoint: plan.mountpoint.clone(),
         workspace: plan.workspace.clone(),
     })
@@ -714,9 +704,8 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            let mut sig: libc::c_int = 0;
-            // SAFETY: sigset is a valid set; sig a valid out-parameter.
-            unsafe { libc::sigwait(&sigset, &mut sig) };
+            // sigwait fails only for an invalid set; unmount then too rather than never.
+            let sig = sigset.wait().map_or(0, |s| s as i32);
             tracing::info!("signal {sig}: unmounting {}", mp.display());
             // Answer every parked request (rejected) while the mount still serves.
             broker2.shutdown();
@@ -884,8 +873,7 @@ mod tests {
 
     #[test]
     fn backing_exposure_finds_writable_or_foreign_directories() {
-        // SAFETY: geteuid has no preconditions.
-        let me = unsafe { libc::geteuid() };
+        let me = nix::unistd::geteuid().as_raw();
         let t = tempfile::tempdir().unwrap();
         let parent = t.path().canonicalize().unwrap().join("parent");
         let ws = parent.join("ws");

@@ -9,11 +9,15 @@
 //! (`setsid`, double forks, daemons), and select only among the intents granted here.
 
 use std::ffi::CString;
+use std::os::fd::BorrowedFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Context};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use rustix::termios::Winsize;
 
 use super::approvals::{socket_for, talk};
 use super::runtime;
@@ -120,7 +124,12 @@ fn run_as(spec: &str) -> anyhow::Result<RunAs> {
 
 /// The signals `run` passes on to CMD when they are sent to `run` itself (SIGWINCH: the
 /// terminal's new size, for CMD's pseudo-terminal).
-const FORWARDED: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGWINCH];
+const FORWARDED: [Signal; 4] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGWINCH,
+];
 
 /// How CMD meets the operator's terminal.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -137,16 +146,23 @@ enum Tty {
     Pty,
 }
 
-fn isatty(fd: i32) -> bool {
-    // SAFETY: isatty has no memory preconditions.
-    unsafe { libc::isatty(fd) == 1 }
+/// Standard stream `fd` (0, 1 or 2). Plain syscalls on it, no allocation: usable between
+/// fork and exec.
+fn std_fd(fd: i32) -> BorrowedFd<'static> {
+    match fd {
+        0 => rustix::stdio::stdin(),
+        1 => rustix::stdio::stdout(),
+        _ => rustix::stdio::stderr(),
+    }
 }
 
-/// The terminal size of `fd`, if it is a terminal.
-fn winsize(fd: i32) -> Option<libc::winsize> {
-    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
-    // SAFETY: TIOCGWINSZ writes a winsize into `ws`.
-    (unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws) } == 0).then_some(ws)
+fn isatty(fd: i32) -> bool {
+    rustix::termios::isatty(std_fd(fd))
+}
+
+/// The terminal size of standard stream `fd`, if it is a terminal.
+fn winsize(fd: i32) -> Option<Winsize> {
+    rustix::termios::tcgetwinsize(std_fd(fd)).ok()
 }
 
 /// Puts the operator's terminal in raw mode for a pseudo-terminal relay, and back when
@@ -179,16 +195,12 @@ impl Drop for RawMode {
     }
 }
 
-fn forwarded_set() -> libc::sigset_t {
-    // SAFETY: sigset operations on a local, initialised set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in FORWARDED {
-            libc::sigaddset(&mut set, s);
-        }
-        set
+fn forwarded_set() -> SigSet {
+    let mut set = SigSet::empty();
+    for s in FORWARDED {
+        set.add(s);
     }
+    set
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
@@ -224,8 +236,10 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     // Block the forwarded signals before any thread exists, so the forwarding thread
     // inherits the mask and receives them (std resets the child's mask at spawn).
     let set = forwarded_set();
-    // SAFETY: pthread_sigmask on this thread with a valid set.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    set.thread_block()
+        .context("blocking the forwarded signals")?;
+    // Blocked, they wait to be read here (by the forwarding thread below).
+    let signals = SignalFd::with_flags(&set, SfdFlags::SFD_CLOEXEC).context("signalfd")?;
     let mut cmd = std::process::Command::new(&a.cmd[0]);
     cmd.args(&a.cmd[1..]);
     let tty = match &user {
@@ -238,8 +252,11 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     if tty == Tty::Pty {
         let size = winsize(0).or_else(|| winsize(1));
         let term = nix::sys::termios::tcgetattr(std::io::stdin()).ok();
-        let pty =
-            nix::pty::openpty(size.as_ref(), term.as_ref()).context("opening a pseudo-terminal")?;
+        let pty = nix::pty::openpty(None, term.as_ref()).context("opening a pseudo-terminal")?;
+        if let Some(ws) = size {
+            // The size of the pair, set through the master before CMD starts.
+            let _ = rustix::termios::tcsetwinsize(&pty.master, ws);
+        }
         for fd in [&pty.master, &pty.slave] {
             // Neither end leaks into CMD but as its standard streams.
             nix::fcntl::fcntl(
@@ -262,20 +279,18 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
         master = Some((pty.master, pty.slave));
     }
     if tty != Tty::Shared {
-        // SAFETY: runs in the child between fork and exec: setsid and (on a pty, already
-        // its standard input) TIOCSCTTY, async-signal-safe syscalls.
+        // SAFETY: `pre_exec` is unsafe because the closure runs in the forked child of a
+        // multithreaded process, where only async-signal-safe calls are allowed. It makes
+        // three plain syscalls (setsid, isatty's TCGETS, TIOCSCTTY) on the standard fds,
+        // without allocating or taking a lock.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::setsid() < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
+                rustix::process::setsid()?;
                 if tty == Tty::Pty {
                     // The pty is on fd 1 or 2 when not on 0: make it the controlling terminal
                     // through whichever standard fd is one.
-                    let fd = (0..3).find(|fd| libc::isatty(*fd) == 1).unwrap_or(0);
-                    if libc::ioctl(fd, libc::TIOCSCTTY, 0) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
+                    let fd = (0..3).find(|fd| isatty(*fd)).unwrap_or(0);
+                    rustix::process::ioctl_tiocsctty(std_fd(fd))?;
                 }
                 Ok(())
             });
@@ -286,8 +301,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
             .env("USER", &u.name)
             .env("LOGNAME", &u.name);
         let (uid, gid, groups) = (u.uid, u.gid, u.groups.clone());
-        // SAFETY: the closure runs in the child between fork and exec and only makes the
-        // setgroups/setgid/setuid syscalls, on values prepared before the fork.
+        // SAFETY: `pre_exec` is unsafe because the closure runs in the forked child of a
+        // multithreaded process. It only makes the setgroups/setgid/setuid syscalls, on
+        // values prepared before the fork (the group list is not reallocated).
         unsafe {
             cmd.pre_exec(move || {
                 nix::unistd::setgroups(&groups)?;
@@ -344,29 +360,28 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     // Sharing our terminal, CMD gets the terminal's signals itself: only one sent to this
     // process alone (kill from a supervisor) is passed on. In a session of its own, every
     // one is; a new terminal size goes to its pseudo-terminal.
-    let pid = child.id() as i32;
-    let win_fd = master_winsize.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
-    std::thread::spawn(move || {
-        let _keep = master_winsize;
-        loop {
-            // SAFETY: a zeroed siginfo is a valid out-parameter; `set` is initialised.
-            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-            // SAFETY: as above.
-            let sig = unsafe { libc::sigwaitinfo(&set, &mut info) };
-            if sig <= 0 {
-                continue;
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    std::thread::spawn(move || loop {
+        let info = match signals.read_signal() {
+            Ok(Some(info)) => info,
+            // Interrupted, or nothing yet: wait again.
+            Ok(None) | Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => {
+                tracing::warn!("reading the forwarded signals: {e}");
+                return;
             }
-            if sig == libc::SIGWINCH {
-                if let (Some(fd), Some(ws)) = (win_fd, winsize(0).or_else(|| winsize(1))) {
-                    // SAFETY: TIOCSWINSZ reads a winsize; `fd` is the pty master kept open.
-                    unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, &ws) };
-                }
-                continue;
+        };
+        let Ok(sig) = Signal::try_from(info.ssi_signo as i32) else {
+            continue;
+        };
+        if sig == Signal::SIGWINCH {
+            if let (Some(m), Some(ws)) = (&master_winsize, winsize(0).or_else(|| winsize(1))) {
+                let _ = rustix::termios::tcsetwinsize(m, ws);
             }
-            if tty != Tty::Shared || matches!(info.si_code, libc::SI_USER | libc::SI_QUEUE) {
-                // SAFETY: kill has no memory preconditions.
-                unsafe { libc::kill(pid, sig) };
-            }
+            continue;
+        }
+        if tty != Tty::Shared || matches!(info.ssi_code, libc::SI_USER | libc::SI_QUEUE) {
+            let _ = nix::sys::signal::kill(pid, sig);
         }
     });
     let status = child.wait()?;

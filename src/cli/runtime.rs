@@ -10,13 +10,14 @@
 //! symlinks. A directory that fails is refused with how to fix it, never "repaired".
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+
+use nix::fcntl::{Flock, FlockArg};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 /// The runtime directory of this user: where every mount's directory goes.
 fn base_dir() -> PathBuf {
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
+    let uid = nix::unistd::geteuid().as_raw();
     if uid == 0 {
         PathBuf::from("/run/intentfs")
     } else if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR").filter(|x| !x.is_empty()) {
@@ -113,8 +114,7 @@ fn check_dir(d: &Path, private: bool, me: u32) -> Result<(), String> {
 
 /// Verify the runtime directory of a mount and everything above it (see the module doc).
 pub fn verify(dir: &Path) -> Result<(), String> {
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = nix::unistd::geteuid().as_raw();
     let base = dir.parent().unwrap_or(dir);
     check_dir(dir, true, me)?;
     check_dir(base, true, me)?;
@@ -163,8 +163,7 @@ impl RuntimeDir {
 pub fn precheck(mountpoint: &Path) -> anyhow::Result<()> {
     let d = dir_for(mountpoint);
     let base = d.parent().unwrap_or(&d);
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = nix::unistd::geteuid().as_raw();
     let exists = |p: &Path| std::fs::symlink_metadata(p).is_ok();
     if exists(base) {
         check_dir(base, true, me).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -199,8 +198,7 @@ pub fn create(mountpoint: &Path) -> anyhow::Result<RuntimeDir> {
         .map_err(|e| anyhow::anyhow!("opening the runtime directory {}: {e}", d.display()))?;
     // The handle must be the directory checked above (not one swapped in since).
     let st = crate::fs::sys::stat_fd(fd.as_fd())?;
-    // SAFETY: geteuid has no preconditions.
-    if st.st_uid != unsafe { libc::geteuid() } || st.st_mode & 0o077 != 0 {
+    if st.st_uid != nix::unistd::geteuid().as_raw() || st.st_mode & 0o077 != 0 {
         anyhow::bail!(
             "runtime directory {} changed while it was checked\n{}",
             d.display(),
@@ -212,35 +210,34 @@ pub fn create(mountpoint: &Path) -> anyhow::Result<RuntimeDir> {
 
 /// Write the daemon's pid file and hold an exclusive `flock` on it for the daemon's life:
 /// `intentfs umount` waits on the lock, which works also when the daemon runs in another pid
-/// namespace (where the pid it writes means nothing to the caller). Keep the file open.
-pub fn hold_pid_file(rt: &RuntimeDir) -> std::io::Result<std::fs::File> {
+/// namespace (where the pid it writes means nothing to the caller). Keep the lock: dropping
+/// it releases the lock and closes the file.
+pub fn hold_pid_file(rt: &RuntimeDir) -> std::io::Result<Flock<std::fs::File>> {
     use std::io::Write;
-    let mut f = rt.open_file("pid", false)?;
-    // SAFETY: flock on an fd we own.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let f = rt.open_file("pid", false)?;
+    let mut f = Flock::lock(f, FlockArg::LockExclusiveNonblock)
+        .map_err(|(_, e)| std::io::Error::from(e))?;
     f.set_len(0)?;
-    writeln!(f, "{}", std::process::id())?;
+    writeln!(&mut *f, "{}", std::process::id())?;
     Ok(f)
 }
 
 /// Wait (at most `max`) until the daemon of the mount at `mountpoint` has exited: its pid
 /// file is gone or no longer locked. True when it has.
 pub fn wait_daemon_exit(mountpoint: &Path, max: std::time::Duration) -> bool {
-    use std::os::fd::AsRawFd;
     let start = std::time::Instant::now();
     let dir = dir_for(mountpoint);
     if verify(&dir).is_err() {
         return true;
     }
-    let Ok(f) = std::fs::File::open(dir.join("pid")) else {
+    let Ok(mut f) = std::fs::File::open(dir.join("pid")) else {
         return true;
     };
     loop {
-        // SAFETY: flock on an fd we own; released when `f` closes.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
-            return true;
+        // Released at once (the lock is dropped): only whether it could be taken matters.
+        match Flock::lock(f, FlockArg::LockSharedNonblock) {
+            Ok(_) => return true,
+            Err((back, _)) => f = back,
         }
         if start.elapsed() >= max {
             return false;

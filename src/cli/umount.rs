@@ -19,14 +19,16 @@ pub struct UmountArgs {
 
 /// Unmount `mp`: directly as root, else through `fusermount3 -u`.
 pub fn unmount(mp: &std::path::Path, lazy: bool) -> anyhow::Result<()> {
-    let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes())
-        .context("mountpoint has a NUL byte")?;
-    let flags = if lazy { libc::MNT_DETACH } else { 0 };
-    // SAFETY: valid C string.
-    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
-        return Ok(());
-    }
-    let err = std::io::Error::last_os_error();
+    use nix::mount::{umount2, MntFlags};
+    let flags = if lazy {
+        MntFlags::MNT_DETACH
+    } else {
+        MntFlags::empty()
+    };
+    let err = match umount2(mp, flags) {
+        Ok(()) => return Ok(()),
+        Err(e) => std::io::Error::from(e),
+    };
     if err.raw_os_error() == Some(libc::EPERM) {
         let mut cmd = std::process::Command::new("fusermount3");
         cmd.arg("-u");

@@ -1,6 +1,7 @@
 //! Thin, safe wrappers over the syscalls the passthrough needs.
 //!
-//! This file holds the crate's `unsafe`: every block has a `// SAFETY:` comment. Every path
+//! This file holds the passthrough's `unsafe` (the crate's few other blocks are listed in
+//! `lib.rs`): every block has a `// SAFETY:` comment. Every path
 //! operation here is relative to a directory file descriptor and takes a single name
 //! component; none of them resolves a multi-component path or follows a symlink.
 
@@ -9,8 +10,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
-/// `stat` as the kernel returns it.
-pub type Stat = libc::stat64;
+pub use crate::stat::Stat;
 
 fn cstr(name: &OsStr) -> io::Result<CString> {
     CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))

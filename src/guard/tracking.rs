@@ -603,8 +603,7 @@ fn setup_cgroup(name: &str) -> Result<CgroupBase, String> {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             let m = std::fs::symlink_metadata(&dir).map_err(|e| e.to_string())?;
-            // SAFETY: geteuid has no preconditions.
-            let me = unsafe { libc::geteuid() };
+            let me = nix::unistd::geteuid().as_raw();
             if !m.is_dir() || m.uid() != me || m.mode() & 0o022 != 0 {
                 return Err(format!(
                     "{} exists and is not this user's private cgroup",

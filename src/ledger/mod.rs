@@ -3,6 +3,7 @@
 //!
 //! - [`entry`]: the line schema (what a [`Draft`] becomes).
 //! - [`writer`]: the writer thread (bounded queue, group commit, chain, torn-tail repair).
+//! - [`head`]: the head checkpoint the writer keeps and verify reads.
 //! - [`reader`]: parse, verify the chain, drift against the workspace, queries.
 //! - [`blame`]: per-line attribution from the recorded line ranges.
 //! - [`vcs`]: the git revision, read from `.git` without running git.
@@ -16,6 +17,7 @@ pub mod agent_trace;
 pub mod blame;
 pub mod code;
 pub mod entry;
+pub mod head;
 pub mod map;
 pub mod ranges;
 pub mod reader;

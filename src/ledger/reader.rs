@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::entry::{Entry, MutationType, GENESIS_PREV};
+use super::head::{head_path, read_head};
 use super::ranges::sha256_file;
 
 /// One raw line of a ledger file.
@@ -305,7 +306,7 @@ pub fn verify_chain(path: &Path) -> io::Result<VerifyReport> {
     let mut entries = 0;
     // A backward chain cannot tell that its last lines are gone: the writer keeps a head
     // checkpoint (entries and the hash of the last durable line) beside the ledger.
-    let head = crate::ledger::writer::read_head(path);
+    let head = read_head(path);
     let mut head_line_hash: Option<String> = None;
     for line in lines(path)? {
         let line = line?;
@@ -343,7 +344,7 @@ pub fn verify_chain(path: &Path) -> io::Result<VerifyReport> {
                     "line {}: the ledger ends after {entries} entries, but its head checkpoint ({}) recorded {} \
                      durable entries: the last {} line(s) were deleted",
                     entries + 1,
-                    crate::ledger::writer::head_path(path).display(),
+                    head_path(path).display(),
                     h.entries,
                     h.entries - entries
                 ),

@@ -34,6 +34,9 @@ use parking_lot::{Condvar, Mutex};
 use sha2::{Digest, Sha256};
 
 use super::entry::{b64_encode, encode_path, Draft, Entry, LineRange, MutationClass, MutationType};
+use super::head::write_head;
+// The head record's home is `head`; these names stay reachable here for existing callers.
+pub use super::head::{head_path, read_head, Head};
 use super::reader::{parse_line, ChainChecker, Finding, Lines};
 use super::vcs::GitHead;
 
@@ -768,71 +771,4 @@ fn sync_loop(sh: Arc<Shared>, sync_file: File, delay: Duration, path: PathBuf) {
         }
     }
     *sh.health.lock() = Some("ledger is shut down".to_owned());
-}
-
-/// The head checkpoint beside a ledger: how many entries are durable and the hash of the
-/// last one, so `verify` detects deleted or rewritten last lines.
-#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
-pub struct Head {
-    pub entries: u64,
-    pub last: String,
-}
-
-/// `<ledger>.head`.
-pub fn head_path(ledger: &Path) -> PathBuf {
-    let mut p = ledger.as_os_str().to_os_string();
-    p.push(".head");
-    PathBuf::from(p)
-}
-
-/// Read the head checkpoint, if there is one.
-pub fn read_head(ledger: &Path) -> Option<Head> {
-    serde_json::from_slice(&std::fs::read(head_path(ledger)).ok()?).ok()
-}
-
-/// Size of the head record: the JSON padded with spaces and a newline, so each checkpoint
-/// overwrites the last one in place (one small `pwrite`, no new inode per checkpoint: a
-/// temp file renamed over it every few ms made ext4 scan its recently freed inodes).
-const HEAD_RECORD: usize = 160;
-
-/// The head record for `entries` and `last`: exactly [`HEAD_RECORD`] bytes.
-fn head_record(entries: u64, last: &str) -> io::Result<Vec<u8>> {
-    let mut body = serde_json::to_vec(&Head {
-        entries,
-        last: last.to_owned(),
-    })
-    .map_err(io::Error::other)?;
-    if body.len() >= HEAD_RECORD {
-        return Err(io::Error::other("head record too long"));
-    }
-    body.resize(HEAD_RECORD - 1, b' ');
-    body.push(b'\n');
-    Ok(body)
-}
-
-/// Write the checkpoint into `<ledger>.head`, opened once and kept in `file`. A reader
-/// sees the old or the new record (one write inside one page); after a crash the record
-/// may lag, which verify tolerates (it is a lower bound).
-fn write_head(ledger: &Path, file: &mut Option<File>, entries: u64, last: &str) -> io::Result<()> {
-    use std::os::unix::fs::FileExt;
-    let rec = head_record(entries, last)?;
-    if file.is_none() {
-        // An explicit mode: the umask of this thread is not the daemon's concern here.
-        let f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o640)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-            .open(head_path(ledger))?;
-        // An older, longer record must not leave a tail behind.
-        f.set_len(HEAD_RECORD as u64)?;
-        *file = Some(f);
-    }
-    let f = file.as_ref().expect("opened above");
-    if let Err(e) = f.write_all_at(&rec, 0) {
-        *file = None;
-        return Err(e);
-    }
-    Ok(())
 }

@@ -84,10 +84,12 @@ fn decide_twice_runs_the_callback_once() {
     let b = Broker::start(config(Mode::Cli, Duration::from_secs(60), ws.path())).unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
+    let (ran, ran_rx) = unbounded();
     let id = b.ask(
         ask(AskKind::OutOfScope, "x"),
         Box::new(move |_| {
             c.fetch_add(1, Ordering::SeqCst);
+            let _ = ran.send(());
         }),
     );
     let approve = Decision::Approved {
@@ -98,6 +100,9 @@ fn decide_twice_runs_the_callback_once() {
     assert!(!b.decide(id, approve));
     assert!(!b.decide(id, Decision::Rejected { by: "test".into() }));
     assert!(!b.decide(9999, Decision::TimedOut), "unknown id");
+    // The callback runs on the resume pool: wait for it, then make sure of no second run.
+    ran_rx.recv_timeout(WAIT).unwrap();
+    b.shutdown();
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert!(b.pending().is_empty());
 }
@@ -244,7 +249,7 @@ fn expand_scope_is_recorded_in_the_workspace() {
         }
     ));
     assert_eq!(
-        rx.try_recv().unwrap(),
+        rx.recv_timeout(WAIT).unwrap(),
         Decision::Approved {
             grant: Grant::ExpandScope,
             by: "cli:uid=0".into()
@@ -284,4 +289,93 @@ fn trip_announcements_outside_desktop_mode_only_log() {
     let b = Broker::start(config(Mode::Cli, Duration::from_secs(60), ws.path())).unwrap();
     b.announce_trip("session:42", "claude", 20);
     assert_eq!(b.inner.prompts.live(), 0);
+}
+
+/// A callback waits on the channel it returns; dropping or sending on the sender lets it go.
+fn blocking_on() -> (
+    OnDecision,
+    Receiver<Decision>,
+    crossbeam_channel::Sender<()>,
+) {
+    let (release, released) = unbounded::<()>();
+    let (tx, rx) = unbounded();
+    let cb: OnDecision = Box::new(move |d| {
+        let _ = released.recv();
+        drop(tx.send(d));
+    });
+    (cb, rx, release)
+}
+
+#[test]
+fn deciding_does_not_wait_for_the_callback() {
+    let ws = tempfile::tempdir().unwrap();
+    let b = Broker::start(config(Mode::Cli, Duration::from_secs(60), ws.path())).unwrap();
+    let (slow_cb, slow_rx, release) = blocking_on();
+    let slow = b.ask(ask(AskKind::OutOfScope, "slow"), slow_cb);
+    let (quick_cb, quick_rx) = on();
+    let quick = b.ask(ask(AskKind::Delete, "quick"), quick_cb);
+
+    // Decide from another thread, as a socket client does, so that a decide that waits
+    // for the callback shows as a timeout here rather than hanging the test.
+    let approve = Decision::Approved {
+        grant: Grant::Once,
+        by: "cli:uid=0".into(),
+    };
+    let (done_tx, done_rx) = unbounded();
+    {
+        let (b, d) = (b.clone(), approve.clone());
+        std::thread::spawn(move || {
+            let _ = done_tx.send(b.decide(slow, d));
+        });
+    }
+    assert_eq!(
+        done_rx.recv_timeout(Duration::from_secs(2)),
+        Ok(true),
+        "decide returned while its callback is still blocked"
+    );
+    assert!(slow_rx.try_recv().is_err(), "the callback is still blocked");
+    // Another decision's callback runs meanwhile: a blocked callback holds one thread only.
+    assert!(b.decide(quick, Decision::Rejected { by: "t".into() }));
+    assert_eq!(
+        quick_rx.recv_timeout(WAIT).unwrap(),
+        Decision::Rejected { by: "t".into() }
+    );
+
+    // Unmount with the slow callback still running and three requests pending: shutdown
+    // waits for all of them, and each runs exactly once.
+    let counts: Vec<Arc<AtomicUsize>> = (0..3).map(|_| Arc::default()).collect();
+    for (i, c) in counts.iter().enumerate() {
+        let c = c.clone();
+        b.ask(
+            ask(AskKind::OutOfScope, &format!("p{i}")),
+            Box::new(move |d| {
+                assert_eq!(
+                    d,
+                    Decision::Rejected {
+                        by: "unmount".into()
+                    }
+                );
+                c.fetch_add(1, Ordering::SeqCst);
+            }),
+        );
+    }
+    let (stopped_tx, stopped_rx) = unbounded();
+    {
+        let b = b.clone();
+        std::thread::spawn(move || {
+            b.shutdown();
+            let _ = stopped_tx.send(());
+        });
+    }
+    assert!(
+        stopped_rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "shutdown waits for the blocked callback"
+    );
+    release.send(()).unwrap();
+    stopped_rx.recv_timeout(WAIT).unwrap();
+    assert_eq!(slow_rx.try_recv().unwrap(), approve);
+    for (i, c) in counts.iter().enumerate() {
+        assert_eq!(c.load(Ordering::SeqCst), 1, "pending request {i}");
+    }
+    assert!(slow_rx.try_recv().is_err() && quick_rx.try_recv().is_err());
 }

@@ -291,3 +291,136 @@ fn another_uid_is_refused() {
     assert!(e.contains("permission denied: uid 65534"), "{e}");
     assert_eq!(b.pending().len(), 1, "the request is still pending");
 }
+
+/// Threads of this process, from the kernel.
+fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+/// Forks a child that becomes uid/gid 65534 and opens `n` connections to `sock`, sending
+/// nothing. Returns once they are all connected; they stay open until the returned
+/// guard is dropped (which also reaps the child).
+fn idle_connections_as_nobody(sock: &Path, n: usize) -> impl Drop {
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    use nix::unistd::{fork, pipe2, read, setgid, setgroups, setuid, write, ForkResult, Gid, Uid};
+
+    struct Held(Option<std::os::fd::OwnedFd>, nix::unistd::Pid);
+    impl Drop for Held {
+        fn drop(&mut self) {
+            drop(self.0.take()); // EOF: the child closes its connections and exits
+            let _ = nix::sys::wait::waitpid(self.1, None);
+        }
+    }
+
+    let addr = UnixAddr::new(sock).unwrap();
+    let (ready_rd, ready_wr) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+    let (hold_rd, hold_wr) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+    // SAFETY: the child makes only async-signal-safe syscalls on values prepared before the
+    // fork (no allocation, no locks), then _exits.
+    match unsafe { fork() }.unwrap() {
+        ForkResult::Child => {
+            drop((ready_rd, hold_wr));
+            let code = (|| {
+                setgroups(&[]).ok()?;
+                setgid(Gid::from_raw(65534)).ok()?;
+                setuid(Uid::from_raw(65534)).ok()?;
+                for _ in 0..n {
+                    let s = socket(
+                        AddressFamily::Unix,
+                        SockType::Stream,
+                        SockFlag::empty(),
+                        None,
+                    )
+                    .ok()?;
+                    connect(s.as_raw_fd(), &addr).ok()?;
+                    std::mem::forget(s); // held open until _exit
+                }
+                write(&ready_wr, b"k").ok()?;
+                let mut b = [0u8; 1];
+                let _ = read(&hold_rd, &mut b);
+                Some(0)
+            })()
+            .unwrap_or(1);
+            // SAFETY: _exit ends the forked child without running the parent's handlers.
+            unsafe { libc::_exit(code) }
+        }
+        ForkResult::Parent { child } => {
+            drop((ready_wr, hold_rd));
+            let mut b = [0u8; 1];
+            assert_eq!(
+                read(&ready_rd, &mut b).unwrap(),
+                1,
+                "the child could not open its connections as uid 65534"
+            );
+            Held(Some(hold_wr), child)
+        }
+    }
+}
+
+#[test]
+fn refused_connections_do_not_each_get_a_thread() {
+    if my_uid() != 0 {
+        eprintln!("skipped: needs root to setuid a child");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (b, sock) = broker_with_socket(dir.path());
+    for d in [dir.path(), sock.parent().unwrap()] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let before = thread_count();
+    // 64 connections that never send: each refusal would wait for its request (2 s).
+    let held = idle_connections_as_nobody(&sock, 64);
+    // Let the accept loop see all of them.
+    std::thread::sleep(Duration::from_millis(300));
+    let during = thread_count();
+    assert!(
+        during <= before + MAX_REFUSING,
+        "{} threads more while 64 refused connections are open (at most {MAX_REFUSING})",
+        during.saturating_sub(before)
+    );
+    // The owner is still served at once.
+    let r = call(&sock, &Request::List).unwrap();
+    assert!(r.ok, "{r:?}");
+    drop(held);
+    b.shutdown();
+}
+
+#[test]
+fn approve_answers_before_the_operation_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, sock) = broker_with_socket(dir.path());
+    let (release, released) = crossbeam_channel::unbounded::<()>();
+    let (tx, rx) = crossbeam_channel::unbounded();
+    // A continuation that takes as long as the test wants (a slow re-run of the operation).
+    let id = b.ask(
+        ask(AskKind::OutOfScope, "slow.rs"),
+        Box::new(move |d| {
+            let _ = released.recv();
+            let _ = tx.send(d);
+        }),
+    );
+    let (done_tx, done_rx) = crossbeam_channel::unbounded();
+    let s2 = sock.clone();
+    std::thread::spawn(move || {
+        let _ = done_tx.send(call(
+            &s2,
+            &Request::Approve {
+                id,
+                grant: Grant::Once,
+            },
+        ));
+    });
+    let r = done_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("`intentfs approve` waited for the re-run")
+        .unwrap();
+    assert!(r.ok, "{r:?}");
+    assert!(rx.try_recv().is_err(), "the continuation is still running");
+    release.send(()).unwrap();
+    assert!(matches!(
+        rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+        Decision::Approved { .. }
+    ));
+}
