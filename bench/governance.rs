@@ -9,6 +9,9 @@
 //! Wired in Cargo.toml as `[[bench]] name = "governance" path = "bench/governance.rs"`.
 //! Benchmarks report; they assert nothing about time.
 
+// A benchmark panics on a setup that did not work.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -147,7 +150,12 @@ fn bench_policy(c: &mut Criterion) {
             let mut n = 0usize;
             for p in &mixed {
                 n += guard
-                    .check_write(Some("BIG"), "write", black_box(p), false)
+                    .check_write(
+                        Some("BIG"),
+                        intentfs::guard::Operation::Write,
+                        black_box(p),
+                        false,
+                    )
                     .is_ok() as usize;
             }
             n
@@ -168,7 +176,12 @@ fn bench_policy(c: &mut Criterion) {
             let mut n = 0usize;
             for p in &mixed {
                 n += all
-                    .check_write(Some("ALL"), "write", black_box(p), false)
+                    .check_write(
+                        Some("ALL"),
+                        intentfs::guard::Operation::Write,
+                        black_box(p),
+                        false,
+                    )
                     .is_ok() as usize;
             }
             n
@@ -234,7 +247,6 @@ fn draft(i: u64) -> Draft {
         content_hash: Some(format!("sha256:{:064x}", i)),
         size: Some(1000 + i % 4096),
         ranges: Some(vec![(1, 3), (10, 12)]),
-        outcome: "ok".into(),
         ..Draft::default()
     }
 }

@@ -2,6 +2,9 @@
 //! the ends of the 64-bit range, the read-ahead tuning of a mountpoint whose path the
 //! kernel escapes, and the mount tests' skip where FUSE is missing.
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::ffi::CString;
@@ -123,6 +126,7 @@ fn an_mtime_of_i64_min_seconds_is_answered_and_the_daemon_keeps_serving() {
     assert_eq!(std::fs::read(tm.m("old.txt")).unwrap(), b"o\n");
     // SAFETY: signal 0 only checks that the process exists.
     assert_eq!(
+        // SAFETY: kill(2) names a pid and a signal; no memory is involved.
         unsafe { libc::kill(pid as i32, 0) },
         0,
         "the daemon is gone"

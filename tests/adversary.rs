@@ -9,6 +9,9 @@
 //!
 //! These tests need root (another uid); each says why it skips otherwise.
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::path::Path;

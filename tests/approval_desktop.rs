@@ -10,6 +10,9 @@
 //! Skipped (passing, with a reason) only when Xvfb, dunst or dbus-daemon is not installed
 //! (`apt-get install -y dbus xvfb dunst`).
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

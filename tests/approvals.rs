@@ -6,6 +6,8 @@
 //! The policy (written by each test) scopes INT-001 to `src/**` and asks a human for
 //! out-of-scope writes, sensitive reads (`.env`) and deletes.
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 // The notification daemon and its watchdog are killed by pid (the watchdog outlives a
 // killed test process on purpose), not waited for.
 #![allow(clippy::zombie_processes)]

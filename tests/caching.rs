@@ -2,6 +2,9 @@
 //! changes made behind the mount are invalidated (fanotify -> FUSE notify), and reads
 //! served by kernel passthrough still record what the identity saw.
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;

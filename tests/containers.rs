@@ -6,6 +6,9 @@
 //!
 //! These tests need root (another uid, /sbin, mount(8)); each prints why it skips otherwise.
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::HashMap;

@@ -2,6 +2,9 @@
 //! applied to a plain directory and to the mount (allow-all intent); every result (the value
 //! on success, the errno on failure) must match step by step, and so must the final trees.
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::path::{Path, PathBuf};

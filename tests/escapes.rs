@@ -2,6 +2,9 @@
 //! file) through the mount. After each refusal the target's bytes in the workspace are
 //! checked unchanged.
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::ffi::CString;
@@ -369,6 +372,7 @@ fn rename_in_to_out_and_out_to_in() {
     assert!(!tm.w("a.ts").exists() && !tm.w("src/auth/r.md").exists());
     assert!(!tm.w("docs/a.ts").exists() && !tm.w("src/auth/guide.md").exists());
     // RENAME_EXCHANGE of an in-scope and an out-of-scope file.
+    // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
     let r = res(unsafe {
         libc::renameat2(
             libc::AT_FDCWD,
@@ -441,6 +445,7 @@ fn rename_of_directory_with_contents_out_of_scope() {
     assert_eq!(le["path"], "lib/d/inner.txt", "{le:#}");
     assert!(tm.w("lib/d/inner.txt").exists() && !tm.w("lib/d2").exists());
     // Exchanging two directories with out-of-scope contents.
+    // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
     let r = res(unsafe {
         libc::renameat2(
             libc::AT_FDCWD,
@@ -483,6 +488,7 @@ fn truncation_out_of_scope() {
         .open(tm.m("README.md"))
         .and_then(|f| f.set_len(0));
     tm.assert_denied(r, "SCOPE_VIOLATION");
+    // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
     let r = res(unsafe { libc::truncate(cpath(&tm.m("README.md")).as_ptr(), 3) });
     tm.assert_denied(r, "SCOPE_VIOLATION");
     // ftruncate on a read-only handle never reaches the file.
@@ -547,6 +553,7 @@ fn chmod_chown_utimes_out_of_scope() {
         "SCOPE_VIOLATION",
     );
     tm.assert_sh_denied("chmod +x README.md", "SCOPE_VIOLATION");
+    // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
     let r = res(unsafe { libc::chown(cpath(&tm.m("README.md")).as_ptr(), 1000, 1000) });
     let le = tm.assert_denied(r, "SCOPE_VIOLATION");
     assert_eq!(le["op"], "chown");
@@ -561,6 +568,7 @@ fn chmod_chown_utimes_out_of_scope() {
             tv_nsec: 0,
         },
     ];
+    // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
     let r = res(unsafe {
         libc::utimensat(
             libc::AT_FDCWD,
@@ -606,6 +614,7 @@ fn chmod_chown_utimes_out_of_scope() {
 
 fn xattr_set(p: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
     let n = CString::new(name).unwrap();
+    // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
     res(unsafe {
         libc::setxattr(
             cpath(p).as_ptr(),
@@ -620,6 +629,7 @@ fn xattr_set(p: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
 fn xattr_get(p: &Path, name: &str) -> Option<Vec<u8>> {
     let n = CString::new(name).unwrap();
     let mut buf = vec![0u8; 256];
+    // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
     let r = unsafe {
         libc::getxattr(
             cpath(p).as_ptr(),
@@ -654,6 +664,7 @@ fn xattrs_out_of_scope() {
         "SCOPE_VIOLATION",
     );
     let n = CString::new("user.keep").unwrap();
+    // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
     let r = res(unsafe { libc::removexattr(cpath(&tm.m("README.md")).as_ptr(), n.as_ptr()) });
     let le = tm.assert_denied(r, "SCOPE_VIOLATION");
     assert_eq!(le["op"], "removexattr");
@@ -676,6 +687,7 @@ fn xattrs_out_of_scope() {
 fn mknod_out_of_scope_and_devices() {
     let tm = int001();
     tm.assert_sh_denied("mkfifo fifo", "SCOPE_VIOLATION");
+    // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
     let r = res(unsafe { libc::mknod(cpath(&tm.m("docs/f")).as_ptr(), libc::S_IFIFO | 0o644, 0) });
     let le = tm.assert_denied(r, "SCOPE_VIOLATION");
     assert_eq!(le["path"], "docs/f");
@@ -688,6 +700,7 @@ fn mknod_out_of_scope_and_devices() {
         .file_type()
         .is_fifo());
     // A device node is never made, even in scope (raw disk access).
+    // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
     let r = res(unsafe {
         libc::mknod(
             cpath(&tm.m("src/auth/null")).as_ptr(),
@@ -781,6 +794,7 @@ fn directory_moved_out_of_scope_behind_the_mount() {
     std::fs::rename(tm.w("src/auth/sub"), tm.w("docs/sub")).unwrap();
     // ... creating or writing through the old handle is judged by the new path.
     let name = CString::new("new.ts").unwrap();
+    // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
     let fd = unsafe {
         libc::openat(
             dir.as_raw_fd(),
@@ -792,12 +806,14 @@ fn directory_moved_out_of_scope_behind_the_mount() {
     let r = if fd < 0 {
         Err(std::io::Error::last_os_error())
     } else {
+        // SAFETY: `fd` was opened above, is owned here and closed once.
         unsafe { libc::close(fd) };
         Ok(())
     };
     let le = tm.assert_denied(r, "SCOPE_VIOLATION");
     assert_eq!(le["path"], "docs/sub/new.ts");
     let name = CString::new("b.ts").unwrap();
+    // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
     let fd = unsafe {
         libc::openat(
             dir.as_raw_fd(),
@@ -808,6 +824,7 @@ fn directory_moved_out_of_scope_behind_the_mount() {
     let r = if fd < 0 {
         Err(std::io::Error::last_os_error())
     } else {
+        // SAFETY: `fd` was opened above, is owned here and closed once.
         unsafe { libc::close(fd) };
         Ok(())
     };
@@ -906,6 +923,7 @@ fn orchestration_dir_is_protected() {
     );
     // Replacing the directory from the root (exchange with an attacker's dir).
     std::fs::create_dir(tm.m("fake")).unwrap();
+    // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
     let r = res(unsafe {
         libc::renameat2(
             libc::AT_FDCWD,
@@ -1224,6 +1242,7 @@ fn symlinks_pointing_outside_the_workspace_are_not_followed_by_the_daemon() {
         "removing the link removed its target"
     );
     // Out-of-scope link: metadata changes on it are refused (never applied to the target).
+    // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
     let r = res(unsafe {
         let t = [
             libc::timespec {

@@ -7,6 +7,9 @@
 //!
 //! Randomness is seeded (`INTENTFS_FAULTS_SEED`, default 3) and printed.
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::HashSet;
@@ -547,15 +550,18 @@ fn set_nofile(soft: u64, hard: u64) {
         rlim_cur: soft,
         rlim_max: hard,
     };
+    // SAFETY: the rlimit pointer is a live local for the call.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) }, 0);
 }
 
 fn openat_create(dir: &std::fs::File, name: &[u8], flags: i32) -> std::io::Result<()> {
     let n = cname(name);
+    // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
     let fd = unsafe { libc::openat(dir.as_raw_fd(), n.as_ptr(), flags | libc::O_CLOEXEC, 0o644) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
+    // SAFETY: `fd` was just opened above and nothing else owns it.
     let f = unsafe { OwnedFd::from_raw_fd(fd) };
     let mut f = std::fs::File::from(f);
     f.write_all(b"escaped?\n")
@@ -607,6 +613,7 @@ fn directories_swapped_for_symlinks_from_outside_do_not_let_the_daemon_escape() 
         let r3 = openat_create(&lib, etc_name.as_bytes(), flags);
         let r4 = openat_create(&lib, b"l.txt", libc::O_WRONLY | libc::O_TRUNC);
         let d = cname(b"newdir");
+        // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
         let r5 = unsafe { libc::mkdirat(src.as_raw_fd(), d.as_ptr(), 0o755) };
         if etc_probe.exists() {
             let _ = std::fs::remove_file(&etc_probe);
@@ -672,6 +679,7 @@ fn three_thousand_files_open_at_once_through_the_mount() {
         rlim_cur: 0,
         rlim_max: 0,
     };
+    // SAFETY: the rlimit pointer is a live local for the call.
     unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) };
     assert!(
         r.rlim_max >= 4096,

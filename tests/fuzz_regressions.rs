@@ -7,6 +7,9 @@
 //!   scalars, invalid UTF-8, torn JSON lines) assert a clear error, not just "no panic".
 //! - Each finding of the fuzzing campaign has its own test here, named after it.
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../fuzz/harness.rs"]
 mod harness;
 

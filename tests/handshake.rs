@@ -1,5 +1,8 @@
 //! The intent handshake through the virtual `.intentfs/` directory, and policy reloads.
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::io::Write;

@@ -3,6 +3,9 @@
 //! only reach the layers `src/lib.rs` lists before them ("a module never knows about the
 //! layers above it"). No build or mount needed: it reads `src/`.
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 

@@ -6,6 +6,9 @@
 //! The ledger's own unit tests (chain checks line by line, torn tails, group commit) live
 //! in `src/ledger/tests.rs`; everything here goes through FUSE with real tools.
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::{BTreeSet, HashSet};
@@ -127,6 +130,7 @@ fn check_common(e: &Value, intent: &str, agent: &str, process: Option<&str>) {
     );
     assert_eq!(
         e["agent"]["uid"].as_u64(),
+        // SAFETY: geteuid has no preconditions.
         Some(u64::from(unsafe { libc::geteuid() })),
         "agent.uid: {e:#}"
     );
@@ -1104,6 +1108,7 @@ fn full_disk_close_is_not_acknowledged_before_its_entry_is_durable() {
         };
         // close(2), with its error.
         use std::os::fd::IntoRawFd;
+        // SAFETY: `into_raw_fd` gave up ownership: the fd is closed exactly once.
         let rc = unsafe { libc::close(f.into_raw_fd()) };
         if rc != 0 {
             break; // close reported the failure: acceptable

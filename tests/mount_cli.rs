@@ -1,6 +1,9 @@
 //! The command line: what `intentfs mount` refuses before mounting anything, the daemonized
 //! and foreground life cycles, `umount`, signals, `check-policy`, `--help`.
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::os::unix::fs::MetadataExt;
@@ -218,6 +221,7 @@ fn runtime_pid(mnt: &Path) -> Option<i32> {
 }
 
 fn alive(pid: i32) -> bool {
+    // SAFETY: kill(2) names a pid and a signal; no memory is involved.
     unsafe { libc::kill(pid, 0) == 0 }
 }
 
@@ -292,6 +296,7 @@ fn sigterm_unmounts(sig: i32) {
         .mount();
     std::fs::write(tm.m("f"), "2").unwrap();
     let mut child = tm.take_child();
+    // SAFETY: kill(2) names a pid and a signal; no memory is involved.
     unsafe { libc::kill(child.id() as i32, sig) };
     let mut status = None;
     wait_until(Duration::from_secs(10), || {

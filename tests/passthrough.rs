@@ -3,6 +3,9 @@
 //! rsync, cp, fallocate, copy_file_range, xattrs, locks, fsync, statfs; real and stable
 //! inode numbers; hard links; renameat2 flags; a large workspace under the fd cap.
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::ffi::CString;
@@ -471,14 +474,19 @@ EOF",
     // statfs reports the backing filesystem.
     let df = tm.sh_ok(&format!("df -P {}", tm.mnt.display()));
     assert!(df.lines().count() == 2, "{df}");
+    // SAFETY: `statvfs` is a plain C struct: all-zero bytes are a valid value.
     let mut a: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `statvfs` is a plain C struct: all-zero bytes are a valid value.
     let mut b: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
     assert_eq!(unsafe { libc::statvfs(cpath(&tm.mnt).as_ptr(), &mut a) }, 0);
+    // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
     assert_eq!(unsafe { libc::statvfs(cpath(&tm.ws).as_ptr(), &mut b) }, 0);
     assert_eq!(a.f_blocks * a.f_frsize, b.f_blocks * b.f_frsize);
     assert_eq!(a.f_files, b.f_files);
     // Through a subdirectory and a control file as well.
     assert_eq!(
+        // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
         unsafe { libc::statvfs(cpath(&tm.m(".intentfs/status")).as_ptr(), &mut a) },
         0
     );
@@ -545,6 +553,7 @@ fn hard_links_behave() {
 }
 
 fn renameat2(from: &Path, to: &Path, flags: u32) -> std::io::Result<()> {
+    // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
     let r = unsafe {
         libc::renameat2(
             libc::AT_FDCWD,
@@ -721,6 +730,7 @@ fresh('f'); os.link('f', 'g'); os.unlink('f'); open('g', 'ab').write(b'+'); os.u
 fn own_truncate_by_path_does_not_make_the_file_stale() {
     let tm = mount_with(&[]);
     std::fs::write(tm.m("f"), "dygvldlkqhavzwhwpk").unwrap();
+    // SAFETY: a plain syscall: the C strings and buffers passed are valid for its duration.
     let r = unsafe { libc::truncate(cpath(&tm.m("f")).as_ptr(), 37) };
     assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
     let r = std::fs::remove_file(tm.m("f"));

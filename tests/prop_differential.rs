@@ -11,6 +11,9 @@
 //! 0 bytes, so that stale-write protection does not refuse a sequence that the native
 //! filesystem accepts.
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::path::PathBuf;

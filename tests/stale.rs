@@ -6,6 +6,9 @@
 //! Real mounts and real processes: shells, `sed -i`, Python, and long-lived agents started
 //! with `intentfs run` (a small Python driver that runs commands in the agent's session).
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::io::{BufRead, BufReader, Write};

@@ -16,6 +16,9 @@
 //! Scale: `INTENTFS_STRESS_OPS` (operations per worker and round, default 1500) and
 //! `INTENTFS_STRESS_SEED` (default 8); both are printed.
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -7,6 +7,9 @@
 //! dependencies; npm and PyPI are). A test whose toolchain is absent says so and returns;
 //! CI installs them all (`.ci/run`).
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::path::Path;

@@ -4,6 +4,9 @@
 //! the mount; `run`'s exit codes; acknowledging a human's edit; ledger problems and dead
 //! mounts said at mount time.
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::process::{Command, Stdio};

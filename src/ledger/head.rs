@@ -58,20 +58,22 @@ pub(crate) fn write_head(
 ) -> io::Result<()> {
     use std::os::unix::fs::FileExt;
     let rec = head_record(entries, last)?;
-    if file.is_none() {
-        // An explicit mode: the umask of this thread is not the daemon's concern here.
-        let f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o640)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-            .open(head_path(ledger))?;
-        // An older, longer record must not leave a tail behind.
-        f.set_len(HEAD_RECORD as u64)?;
-        *file = Some(f);
-    }
-    let f = file.as_ref().expect("opened above");
+    let f = match file {
+        Some(f) => f,
+        None => {
+            // An explicit mode: the umask of this thread is not the daemon's concern here.
+            let f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o640)
+                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+                .open(head_path(ledger))?;
+            // An older, longer record must not leave a tail behind.
+            f.set_len(HEAD_RECORD as u64)?;
+            file.insert(f)
+        }
+    };
     if let Err(e) = f.write_all_at(&rec, 0) {
         *file = None;
         return Err(e);

@@ -131,9 +131,10 @@ pub fn exec(base: &Path, op: &Op) -> R {
                 .and_then(|h| h.set_len(*len)),
             |_| String::new(),
         ),
-        // SAFETY: valid C string.
         Op::TruncPath(f, len) => {
-            libc_res(unsafe { libc::truncate(cpath(&p(f)).as_ptr(), *len as libc::off_t) })
+            let path = cpath(&p(f));
+            // SAFETY: `path` is a valid C string that outlives the call.
+            libc_res(unsafe { libc::truncate(path.as_ptr(), *len as libc::off_t) })
         }
         Op::Rename(a, b) => io(std::fs::rename(p(a), p(b)), |_| String::new()),
         Op::RenameNoReplace(a, b) => renameat2(&p(a), &p(b), libc::RENAME_NOREPLACE),

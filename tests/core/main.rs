@@ -9,6 +9,9 @@
 //! None of these need root; run as root, `create`/`mkdir` switch fs credentials to the
 //! caller's uid and gid, which here are the test process's own.
 
+// Tests panic on what they did not expect: that is how they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod ask;
 mod handshake;
 mod ledger;

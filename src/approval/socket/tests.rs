@@ -212,6 +212,7 @@ fn as_nobody(sock: &Path, request: &[u8]) -> Result<Vec<u8>, i32> {
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0);
     if pid == 0 {
+        // SAFETY: in the forked child, as said above.
         unsafe {
             libc::close(fds[0]);
             if libc::setgroups(0, std::ptr::null()) != 0
