@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use super::{Caller, Fs, FsError, Gate};
 use crate::approval::{Ask, AskKind, Broker, Decision, Grant};
-use crate::guard::identity::{GrantKind, Run};
+use crate::guard::identity::{GrantKind, OnceGrant, Run};
 use crate::guard::{Code, Denial, Identity, Operation};
 use crate::ledger::{Draft, MutationType, Outcome};
 
@@ -58,7 +58,7 @@ impl Fs {
         Op: Fn(&Fs) -> Result<T, FsError> + Send + 'static,
         Done: FnOnce(Result<T, FsError>) + Send + 'static,
     {
-        drive_from(self.clone(), op, done, 0)
+        drive_from(self.clone(), op, done, 0, Vec::new())
     }
 
     /// Ask, and continue with the decision. Never blocks the calling worker: with a human
@@ -112,27 +112,22 @@ impl Fs {
     }
 }
 
-fn drive_from<T, Op, Done>(fs: Arc<Fs>, op: Op, done: Done, depth: u32)
+fn drive_from<T, Op, Done>(fs: Arc<Fs>, op: Op, done: Done, depth: u32, carried: Vec<OnceGrant>)
 where
     Op: Fn(&Fs) -> Result<T, FsError> + Send + 'static,
     Done: FnOnce(Result<T, FsError>) + Send + 'static,
 {
-    let run = Run::begin();
+    let run = Run::begin(carried);
     match op(&fs) {
         Err(FsError::Ask(spec)) if depth < MAX_ASKS => {
-            // Single-use grants this run spent go back for the re-run (see `Run`).
-            let ident = spec.ident.clone();
-            let given = run.give_back(&mut ident.grants.lock());
-            drop(run);
+            // Single-use grants this run spent go to the re-run only (see `Run`).
+            let carried = run.carry();
             let fs2 = fs.clone();
             fs.park(
                 *spec,
                 Box::new(move |res| match res {
-                    None => drive_from(fs2, op, done, depth + 1),
-                    Some(e) => {
-                        ident.grants.lock().withdraw(&given);
-                        done(Err(e))
-                    }
+                    None => drive_from(fs2, op, done, depth + 1, carried),
+                    Some(e) => done(Err(e)),
                 }),
             );
         }

@@ -109,7 +109,7 @@ pub struct Identity {
 #[derive(Default, Debug)]
 pub struct Grants {
     /// Single-use grants: `(kind, path)`; consumed by the next matching check.
-    pub once: Vec<(GrantKind, PathBuf)>,
+    pub once: Vec<OnceGrant>,
     /// Paths granted for the rest of the session.
     pub files: HashSet<(GrantKind, PathBuf)>,
     /// Scope expansions (globs), for the rest of the session.
@@ -127,61 +127,85 @@ pub enum GrantKind {
     Delete,
 }
 
-thread_local! {
-    /// Single-use grants consumed by the operation running on this thread, while a
-    /// [`Run`] is open: given back if the same run stops to ask about another name.
-    static TAKEN: std::cell::RefCell<Option<Vec<(GrantKind, PathBuf)>>> =
-        const { std::cell::RefCell::new(None) };
+/// A single-use grant: what it lets through, and where.
+pub type OnceGrant = (GrantKind, PathBuf);
+
+/// The single-use grants of the operation running on this thread, while a [`Run`] is open.
+#[derive(Default)]
+struct RunGrants {
+    /// Carried over from the run before, which stopped to ask: usable by this run only.
+    carried: Vec<OnceGrant>,
+    /// Consumed by this run.
+    taken: Vec<OnceGrant>,
 }
 
-/// One run of an operation that may stop to ask a human (see `fuse::drive`). A rename
-/// of two names outside the scope asks about each in turn; a `once` approval of the first
-/// name must still hold when the run after the second approval checks both again. So the
-/// single-use grants a run consumes are given back ([`Run::give_back`]) when that run
-/// stops to ask, and are spent only by a run that gets past every check.
+thread_local! {
+    static RUN: std::cell::RefCell<Option<RunGrants>> = const { std::cell::RefCell::new(None) };
+}
+
+/// One run of an operation that may stop to ask a human (see `Fs::drive`). A rename of
+/// two names outside the scope asks about each in turn; a `once` approval of the first name
+/// must still hold when the run after the second approval checks both again. So a run that
+/// stops to ask hands the single-use grants it consumed ([`Run::carry`]) to the run after
+/// the answer, and to no other operation: they never go back to the identity, so nothing
+/// else the agent does meanwhile can spend them, and a refusal in the end leaves none.
 pub struct Run(());
 
 impl Run {
-    pub fn begin() -> Run {
-        TAKEN.with(|t| *t.borrow_mut() = Some(Vec::new()));
+    /// Start a run with the grants the run before it carried.
+    pub fn begin(carried: Vec<OnceGrant>) -> Run {
+        RUN.with(|r| {
+            *r.borrow_mut() = Some(RunGrants {
+                carried,
+                taken: Vec::new(),
+            })
+        });
         Run(())
     }
 
-    /// The run stopped to ask: the single-use grants it consumed go back to `grants`, for
-    /// the run after the answer. Returns them: if the answer is no, they are withdrawn
-    /// ([`Grants::withdraw`]), so an operation refused in the end leaves no grant behind.
-    pub fn give_back(&self, grants: &mut Grants) -> Vec<(GrantKind, PathBuf)> {
-        let taken: Vec<_> = TAKEN
-            .with(|t| t.borrow_mut().as_mut().map(std::mem::take))
-            .unwrap_or_default();
-        grants.once.extend(taken.iter().cloned());
-        taken
+    /// The run stopped to ask: what it consumed, and what it was carried and did not reach,
+    /// for the run after the answer.
+    pub fn carry(self) -> Vec<OnceGrant> {
+        RUN.with(|r| {
+            r.borrow_mut()
+                .take()
+                .map(|g| g.taken.into_iter().chain(g.carried).collect())
+                .unwrap_or_default()
+        })
     }
 }
 
 impl Drop for Run {
     fn drop(&mut self) {
-        TAKEN.with(|t| *t.borrow_mut() = None);
+        RUN.with(|r| *r.borrow_mut() = None);
     }
 }
 
-impl Grants {
-    /// Take back single-use grants given back to a run that was then refused.
-    pub fn withdraw(&mut self, given: &[(GrantKind, PathBuf)]) {
-        for g in given {
-            if let Some(i) = self.once.iter().position(|o| o == g) {
-                self.once.remove(i);
-            }
-        }
-    }
+/// A carried single-use grant for `(kind, rel)`, spent by this run.
+fn take_carried(kind: GrantKind, rel: &Path) -> bool {
+    RUN.with(|r| {
+        let mut r = r.borrow_mut();
+        let Some(g) = r.as_mut() else { return false };
+        let Some(i) = g.carried.iter().position(|(k, p)| *k == kind && p == rel) else {
+            return false;
+        };
+        let c = g.carried.remove(i);
+        g.taken.push(c);
+        true
+    })
+}
 
+impl Grants {
     /// Does a grant cover `(kind, rel)`? A single-use grant is consumed.
     pub fn take(&mut self, kind: GrantKind, rel: &Path) -> bool {
+        if take_carried(kind, rel) {
+            return true;
+        }
         if let Some(i) = self.once.iter().position(|(k, p)| *k == kind && p == rel) {
             let g = self.once.remove(i);
-            TAKEN.with(|t| {
-                if let Some(v) = t.borrow_mut().as_mut() {
-                    v.push(g);
+            RUN.with(|r| {
+                if let Some(run) = r.borrow_mut().as_mut() {
+                    run.taken.push(g);
                 }
             });
             return true;

@@ -46,10 +46,18 @@ impl Core {
     }
 
     /// The one pending request (panics unless exactly one).
+    /// The one pending request, once there is one: an approval's re-run runs on the
+    /// broker's resume pool, so the question it asks next comes a moment after `decide`.
     fn pending_one(&self) -> intentfs::approval::PendingInfo {
-        let p = self.broker().pending();
-        assert_eq!(p.len(), 1, "{p:?}");
-        p.into_iter().next().unwrap()
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let p = self.broker().pending();
+            if !p.is_empty() || std::time::Instant::now() > deadline {
+                assert_eq!(p.len(), 1, "{p:?}");
+                return p.into_iter().next().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 }
 
@@ -238,13 +246,25 @@ fn a_rename_approved_once_for_each_name_goes_through() {
     let second = c.pending_one();
     assert_eq!(second.path, "lib/util2.rs");
     once(&c, second.id);
-    // No third question (it came here, again for `lib/util.rs`, before runs gave back).
+    // The rename completes with no third question (one came, again for `lib/util.rs`,
+    // before a run carried its grants to the next).
+    let r = rx.recv_timeout(Duration::from_secs(10));
     assert!(
         c.broker().pending().is_empty(),
         "{:?}",
         c.broker().pending()
     );
-    rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    r.expect("the rename never completed").unwrap();
+    // Nothing is left granted: the single-use grants were spent by the rename.
+    assert!(c
+        .fs
+        .gate
+        .ids
+        .default_identity()
+        .grants
+        .lock()
+        .once
+        .is_empty());
     assert_eq!(c.backing("lib/util2.rs"), "util\n");
 }
 
@@ -328,4 +348,45 @@ fn the_unattended_approvers_decide_at_once() {
     );
     assert!(c.of(MutationType::Denial).is_empty());
     c.assert_ledger_clean();
+}
+
+/// The single-use grant a rename's run spent before stopping to ask about its second name
+/// is carried to the rename's next run only: nothing else the agent does meanwhile can
+/// spend it, and when the human then says no, no grant is left behind.
+#[test]
+fn a_grant_carried_between_runs_serves_that_operation_only() {
+    let c = human(FILES);
+    c.select("INT-001");
+    let rx = drive(&c, |c| c.rename("lib/util.rs", "lib/util2.rs"));
+    let first = c.pending_one();
+    assert_eq!(first.path, "lib/util.rs");
+    once(&c, first.id);
+    let second = c.pending_one();
+    assert_eq!(second.path, "lib/util2.rs");
+    // Meanwhile, another operation on the first name asks for itself.
+    match c.overwrite("lib/util.rs", "mine\n") {
+        Err(FsError::Ask(spec)) => assert_eq!(spec.rel, Path::new("lib/util.rs")),
+        other => panic!("the carried grant was spent by another operation: {other:?}"),
+    }
+    assert_eq!(c.backing("lib/util.rs"), "util\n");
+    let no = Decision::Rejected {
+        by: "cli:uid=0".into(),
+    };
+    assert!(c.broker().decide(second.id, no));
+    let r = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(code(r), Code::ApprovalRejected);
+    assert!(c.exists("lib/util.rs") && !c.exists("lib/util2.rs"));
+    assert!(c
+        .fs
+        .gate
+        .ids
+        .default_identity()
+        .grants
+        .lock()
+        .once
+        .is_empty());
+    assert!(matches!(
+        c.overwrite("lib/util.rs", "mine\n"),
+        Err(FsError::Ask(_))
+    ));
 }
