@@ -390,3 +390,39 @@ fn a_grant_carried_between_runs_serves_that_operation_only() {
         Err(FsError::Ask(_))
     ));
 }
+
+/// "Expand scope" of a path with glob metacharacters (Next.js' `app/[id]/page.tsx`): the
+/// glob recorded for the human, like the grant in force for the session, names that file
+/// only. (The record used the raw path as a glob, which matched `app/i/page.tsx` and not
+/// the approved file.)
+#[test]
+fn an_expanded_scope_names_the_approved_path_literally() {
+    let c = human(FILES);
+    c.select("INT-001");
+    std::fs::create_dir_all(c.w("lib/[id]")).unwrap();
+    std::fs::create_dir_all(c.w("lib/i")).unwrap();
+    let rx = drive(&c, |c| c.create("lib/[id]/page.tsx", "page\n"));
+    let p = c.pending_one();
+    assert_eq!(p.path, "lib/[id]/page.tsx");
+    let d = Decision::Approved {
+        grant: Grant::ExpandScope,
+        by: "cli:uid=0".into(),
+    };
+    assert!(c.broker().decide(p.id, d));
+    rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    assert_eq!(c.backing("lib/[id]/page.tsx"), "page\n");
+    let text = std::fs::read_to_string(c.w(".orchestration/pending_scope_updates.json")).unwrap();
+    let v: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+    let glob = v[0]["glob"].as_str().unwrap().to_owned();
+    let m = globset::Glob::new(&glob).unwrap().compile_matcher();
+    assert!(
+        m.is_match("lib/[id]/page.tsx"),
+        "{glob} does not match the approved file"
+    );
+    assert!(!m.is_match("lib/i/page.tsx"), "{glob} matches another file");
+    // The session's grant is as narrow: a sibling the raw glob would match still asks.
+    assert!(matches!(
+        c.create("lib/i/page.tsx", "other\n"),
+        Err(FsError::Ask(_))
+    ));
+}
