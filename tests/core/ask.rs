@@ -235,8 +235,10 @@ fn a_rename_asks_for_each_name_in_turn() {
 /// the grant of the first, so without giving it back (`guard::identity::Run`) the next
 /// re-run asked for the first again, and after four questions the rename failed with
 /// EACCES although the human approved each.
-#[test]
-fn a_rename_approved_once_for_each_name_goes_through() {
+/// A rename of two names outside the scope, its first question approved `once`: the
+/// core, the rename's result to come, and the second question (pending).
+fn rename_of_two_outside_names_approved_once_first(
+) -> (Core, Receiver<Outcome>, intentfs::approval::PendingInfo) {
     let c = human(FILES);
     c.select("INT-001");
     let rx = drive(&c, |c| c.rename("lib/util.rs", "lib/util2.rs"));
@@ -245,6 +247,12 @@ fn a_rename_approved_once_for_each_name_goes_through() {
     once(&c, first.id);
     let second = c.pending_one();
     assert_eq!(second.path, "lib/util2.rs");
+    (c, rx, second)
+}
+
+#[test]
+fn a_rename_approved_once_for_each_name_goes_through() {
+    let (c, rx, second) = rename_of_two_outside_names_approved_once_first();
     once(&c, second.id);
     // The rename completes with no third question (one came, again for `lib/util.rs`,
     // before a run carried its grants to the next).
@@ -355,14 +363,7 @@ fn the_unattended_approvers_decide_at_once() {
 /// spend it, and when the human then says no, no grant is left behind.
 #[test]
 fn a_grant_carried_between_runs_serves_that_operation_only() {
-    let c = human(FILES);
-    c.select("INT-001");
-    let rx = drive(&c, |c| c.rename("lib/util.rs", "lib/util2.rs"));
-    let first = c.pending_one();
-    assert_eq!(first.path, "lib/util.rs");
-    once(&c, first.id);
-    let second = c.pending_one();
-    assert_eq!(second.path, "lib/util2.rs");
+    let (c, rx, second) = rename_of_two_outside_names_approved_once_first();
     // Meanwhile, another operation on the first name asks for itself.
     match c.overwrite("lib/util.rs", "mine\n") {
         Err(FsError::Ask(spec)) => assert_eq!(spec.rel, Path::new("lib/util.rs")),

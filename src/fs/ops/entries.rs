@@ -3,25 +3,23 @@
 use super::*;
 
 impl Fs {
-    /// Common shape of mkdir/mknod/symlink: authorize `parent/name`, run `make`, look the new
-    /// entry up, ledger it.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn make_entry(
+    /// Resolve and authorize a new entry `parent/name` (`in_control`: the errno inside
+    /// `.intentfs/`): the parent's handle (watched from now on), the entry's path, who
+    /// makes it, and whether it is a tool's temporary; git's layout is checked too.
+    pub(super) fn authorize_new(
         &self,
         caller: &Caller,
         parent: u64,
         name: &OsStr,
         op: Operation,
-        mt: MutationType,
         is_dir: bool,
-        make: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> std::io::Result<()>,
-        detail: Option<serde_json::Value>,
-    ) -> Result<Entry> {
+        in_control: i32,
+    ) -> Result<NewEntry> {
         if is_ctl_name(parent, name) {
             return err(libc::EEXIST);
         }
         if control::is_control(parent) {
-            return err(libc::EPERM);
+            return err(in_control);
         }
         check_name(name)?;
         let p = self.node(parent)?;
@@ -38,6 +36,34 @@ impl Fs {
             name,
         )?;
         self.watch_dir_fd(&p, pfd.as_fd());
+        Ok(NewEntry {
+            pfd,
+            rel,
+            ident,
+            temp,
+        })
+    }
+
+    /// Common shape of mkdir/mknod/symlink: authorize `parent/name`, run `make`, look the new
+    /// entry up, ledger it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn make_entry(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        op: Operation,
+        mt: MutationType,
+        is_dir: bool,
+        make: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> std::io::Result<()>,
+        detail: Option<serde_json::Value>,
+    ) -> Result<Entry> {
+        let NewEntry {
+            pfd,
+            rel,
+            ident,
+            temp,
+        } = self.authorize_new(caller, parent, name, op, is_dir, libc::EPERM)?;
         {
             let _cred = sys::FsCred::switch(caller.uid, caller.gid);
             make(pfd.as_fd())?;
@@ -258,4 +284,13 @@ impl Fs {
         )?;
         Ok(())
     }
+}
+
+/// A new entry, resolved and authorized (see [`Fs::authorize_new`]).
+pub(super) struct NewEntry {
+    pub pfd: Arc<std::os::fd::OwnedFd>,
+    pub rel: PathBuf,
+    pub ident: Arc<Identity>,
+    /// A tool's temporary: registered once it exists.
+    pub temp: bool,
 }

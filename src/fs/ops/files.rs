@@ -183,28 +183,13 @@ impl Fs {
         umask: u32,
         flags: i32,
     ) -> Result<(Entry, u64, OpenOpts)> {
-        if is_ctl_name(parent, name) {
-            return err(libc::EEXIST);
-        }
-        if control::is_control(parent) {
-            return err(libc::EACCES);
-        }
-        check_name(name)?;
-        let p = self.node(parent)?;
-        let rel = self.child_rel(&p, name)?;
-        let ident = self.authorize(caller, Operation::Create, &rel, false)?;
-        let temp = crate::fs::temps::NEW_TEMP.with(|t| t.replace(false));
+        let super::entries::NewEntry {
+            pfd,
+            rel,
+            ident,
+            temp,
+        } = self.authorize_new(caller, parent, name, Operation::Create, false, libc::EACCES)?;
         let ident_intent = ident.intent();
-        let pfd = self.fd(&p)?;
-        self.check_git_layout(
-            &ident,
-            caller,
-            Operation::Create,
-            pfd.as_fd(),
-            rel.parent().unwrap_or(Path::new("")),
-            name,
-        )?;
-        self.watch_dir_fd(&p, pfd.as_fd());
         // A temporary is always a new file: never open an existing one as one.
         let flags = if temp { flags | libc::O_EXCL } else { flags };
         let file = {
