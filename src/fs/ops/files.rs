@@ -18,100 +18,44 @@ impl Fs {
             });
         }
         let acc = flags & libc::O_ACCMODE;
-        let writable = acc != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
-        let mut write_rel = None;
-        // The file's names when opened for write (checked under the stale lock).
-        let mut write_rels = None;
+        let truncates = flags & libc::O_TRUNC != 0;
+        let changes = acc != libc::O_RDONLY || truncates;
         let epoch = self.gate.guard.generation();
         // An open for write holds the file's stale lock from its stale check through the
         // truncation (O_TRUNC) and the handle's setup: a concurrent stale-checked rename,
         // unlink, truncate or write of the same file either happened before the check (and
         // is judged by it) or sees this open's effect.
-        let mut _stale = Vec::new();
-        let ident = if writable {
-            _stale = self.table.stale_locks(&[(node.dev, node.ino)]);
-            let (ident, rels) = self.authorize_node_names(caller, Operation::OpenWrite, &node)?;
-            // A read-write handle reads too: a secret in scope still needs its approval.
-            if acc == libc::O_RDWR {
-                for rel in &rels {
-                    if let Err(d) = self.gate.guard.check_read(ident.intent().as_deref(), rel) {
-                        self.gate.sensitive_read(&ident, caller, rel, d)?;
-                    }
-                }
-            }
-            let fd = self.fd(&node)?;
-            self.check_stale_node(
-                &ident,
-                caller,
-                Operation::OpenWrite,
-                &node,
-                &rels,
-                fd.as_fd(),
-            )?;
-            write_rel = Some(rels[0].clone());
-            write_rels = Some(rels);
-            ident
+        let _stale = if changes {
+            self.table.stale_locks(&[(node.dev, node.ino)])
         } else {
-            let ident = self.gate.ids.resolve(caller.pid);
-            // Every known name counts: a secret must not be readable through a hard link.
-            for rel in self.alias_rels(&node) {
-                if let Err(d) = self.gate.guard.check_read(ident.intent().as_deref(), &rel) {
-                    self.gate.sensitive_read(&ident, caller, &rel, d)?;
-                }
-            }
-            ident
+            Vec::new()
         };
+        let (ident, write_rels) = self.authorize_open(caller, &node, flags)?;
+        let write_rel = write_rels.as_ref().map(|r| r[0].clone());
         let fd = self.fd(&node)?;
-        // O_TRUNC empties the file inside the open: keep the old content first (line ranges).
-        let (pre, pre_hash) = if write_rel.is_some() && flags & libc::O_TRUNC != 0 {
-            let old = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY).ok();
-            let bytes = old
-                .as_ref()
-                .and_then(|f| crate::fs::hash::read_small(f, crate::fs::stale::RANGE_LIMIT));
-            let hash = match &bytes {
-                Some(b) => Some(crate::ledger::sha256_bytes(b)),
-                // Too big for a pre-image: the hash only if already known.
-                None => sys::stat_fd(fd.as_fd())
-                    .ok()
-                    .and_then(|st| self.hashes.cached(&crate::fs::hash::stamp_of(&st)))
-                    .map(|h| crate::fs::hash::to_string(&h)),
-            };
-            (bytes, hash)
+        // O_TRUNC empties the file inside the open: keep the old content first (line
+        // ranges), and put the change on record before it lands.
+        let (pre, pre_hash) = if truncates {
+            self.content_before(fd.as_fd())
         } else {
             (None, None)
         };
         let token = uuid::Uuid::new_v4().to_string();
-        // O_TRUNC changes the content inside the open: on record before it lands.
-        let truncates = write_rel.is_some() && flags & libc::O_TRUNC != 0;
         if let (true, Some(rel)) = (truncates, &write_rel) {
             self.record_begin(&ident, caller, rel, pre_hash.clone(), &token)?;
         }
         let file = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), flags)?;
-        if flags & libc::O_TRUNC != 0 && caller.uid != 0 {
+        if truncates && caller.uid != 0 {
             self.kill_suidgid(file.as_fd(), caller);
         }
         let open_intent = h_intent(&write_rel, &ident);
-        // The names the agent may have reached the file by: its names now, and names it
-        // lost a moment ago (the kernel resolved the name before this request came; a
-        // name lost longer ago may name another file the agent knows by now).
-        let mut open_rels = write_rels.unwrap_or_else(|| self.alias_rels(&node));
-        // Names the file lost a moment ago to another identity's rename or unlink count
-        // too: the kernel may have resolved the agent's path through such a name just
-        // before. (Names it lost to this identity's own renames do not: its views moved
-        // with them.) A view under a name that now holds another file is conservative: a
-        // later overwrite there is refused as stale.
-        open_rels.retain(|r| !r.as_os_str().is_empty());
-        for (rel, _, when) in self.departed_rels(&node, &ident.key()) {
-            if when.elapsed() <= std::time::Duration::from_secs(1) && !open_rels.contains(&rel) {
-                open_rels.push(rel);
-            }
-        }
+        let open_rels = self.open_names(&node, &ident, write_rels);
         let write = write_rel.clone().map(|rel| crate::fs::handle::WriteOpen {
             rel,
             token,
             epoch: (open_intent, epoch),
             created: false,
-            truncated: flags & libc::O_TRUNC != 0,
+            truncated: truncates,
             pre_image: pre,
             prev_hash: pre_hash,
             begun: truncates,
@@ -125,29 +69,14 @@ impl Fs {
             open_rels,
             write,
         );
-        let mut keep_cache = false;
-        let mut passthrough = false;
-        if let Some(rel) = &write_rel {
-            *h.node.last_open.lock() = None;
-            self.prepare_write_handle(&h, rel);
-        } else if let Ok(st) = sys::stat_fd(h.file.as_fd()) {
-            let now = crate::fs::hash::stamp_of(&st);
-            // FOPEN_KEEP_CACHE when the file is unchanged since the last read-only open and
-            // its hash is known: reads may then be served from the page cache without
-            // reaching the daemon, so what the identity sees is recorded here, at open.
-            let mut last = h.node.last_open.lock();
-            keep_cache = *last == Some(now) && self.hashes.cached(&now).is_some();
-            *last = Some(now);
-            drop(last);
-            // With kernel passthrough no read request reaches the daemon either.
-            passthrough = self.passthrough.load(Ordering::Relaxed);
-            // An empty file is read in full by opening it (no read request ever comes).
-            // Provisional: a read request that does come records exactly what it returns
-            // (an empty file may be written by another identity before the first read).
-            if keep_cache || passthrough || st.st_size == 0 {
-                self.record_read_provisional(&h, caller.pid);
+        let (keep_cache, passthrough) = match &write_rel {
+            Some(rel) => {
+                *h.node.last_open.lock() = None;
+                self.prepare_write_handle(&h, rel);
+                (false, false)
             }
-        }
+            None => self.read_only_open(&h, caller),
+        };
         let h = Arc::new(h);
         self.note_open(&h);
         let fh = self.add_handle(Handle::File(h));
@@ -161,6 +90,114 @@ impl Fs {
                 noflush: write_rel.is_none(),
             },
         ))
+    }
+
+    /// May the caller open `node` with `flags`? An open that may change the file (write
+    /// access or `O_TRUNC`) is authorized under every name of the file and stale-checked,
+    /// and its names are returned; any open that reads needs a secret's approval under
+    /// every name it has (a hard link must not expose it).
+    fn authorize_open(
+        &self,
+        caller: &Caller,
+        node: &Arc<Node>,
+        flags: i32,
+    ) -> Result<(Arc<Identity>, Option<Vec<PathBuf>>)> {
+        let acc = flags & libc::O_ACCMODE;
+        if acc == libc::O_RDONLY && flags & libc::O_TRUNC == 0 {
+            let ident = self.gate.ids.resolve(caller.pid);
+            for rel in self.alias_rels(node) {
+                if let Err(d) = self.gate.guard.check_read(ident.intent().as_deref(), &rel) {
+                    self.gate.sensitive_read(&ident, caller, &rel, d)?;
+                }
+            }
+            return Ok((ident, None));
+        }
+        let (ident, rels) = self.authorize_node_names(caller, Operation::OpenWrite, node)?;
+        // A read-write handle reads too: a secret in scope still needs its approval.
+        if acc == libc::O_RDWR {
+            for rel in &rels {
+                if let Err(d) = self.gate.guard.check_read(ident.intent().as_deref(), rel) {
+                    self.gate.sensitive_read(&ident, caller, rel, d)?;
+                }
+            }
+        }
+        let fd = self.fd(node)?;
+        self.check_stale_node(
+            &ident,
+            caller,
+            Operation::OpenWrite,
+            node,
+            &rels,
+            fd.as_fd(),
+        )?;
+        Ok((ident, Some(rels)))
+    }
+
+    /// The content of a file about to be emptied, for line ranges (text files up to the
+    /// range limit), and its hash (or, for a bigger file, the hash if already known).
+    fn content_before(&self, fd: std::os::fd::BorrowedFd<'_>) -> (Option<Vec<u8>>, Option<String>) {
+        let old = sys::reopen(self.proc_fd.as_fd(), fd, libc::O_RDONLY).ok();
+        let bytes = old
+            .as_ref()
+            .and_then(|f| crate::fs::hash::read_small(f, crate::fs::stale::RANGE_LIMIT));
+        let hash = match &bytes {
+            Some(b) => Some(crate::ledger::sha256_bytes(b)),
+            None => sys::stat_fd(fd)
+                .ok()
+                .and_then(|st| self.hashes.cached(&crate::fs::hash::stamp_of(&st)))
+                .map(|h| crate::fs::hash::to_string(&h)),
+        };
+        (bytes, hash)
+    }
+
+    /// The names the agent may have reached the file by: its names now (those it was
+    /// authorized under, for a write), and names it lost a moment ago.
+    fn open_names(
+        &self,
+        node: &Arc<Node>,
+        ident: &Identity,
+        write_rels: Option<Vec<PathBuf>>,
+    ) -> Vec<PathBuf> {
+        let mut open_rels = write_rels.unwrap_or_else(|| self.alias_rels(node));
+        // Names the file lost a moment ago to another identity's rename or unlink count
+        // too: the kernel may have resolved the agent's path through such a name just
+        // before (a name lost longer ago may name another file the agent knows by now).
+        // (Names it lost to this identity's own renames do not: its views moved with
+        // them.) A view under a name that now holds another file is conservative: a
+        // later overwrite there is refused as stale.
+        open_rels.retain(|r| !r.as_os_str().is_empty());
+        for (rel, _, when) in self.departed_rels(node, &ident.key()) {
+            if when.elapsed() <= std::time::Duration::from_secs(1) && !open_rels.contains(&rel) {
+                open_rels.push(rel);
+            }
+        }
+        open_rels
+    }
+
+    /// A read-only open: whether the kernel may keep its page cache and read the backing
+    /// file directly (`(keep_cache, passthrough)`); when no read request may come, what
+    /// the identity sees is recorded now.
+    fn read_only_open(&self, h: &FileHandle, caller: &Caller) -> (bool, bool) {
+        let Ok(st) = sys::stat_fd(h.file.as_fd()) else {
+            return (false, false);
+        };
+        let now = crate::fs::hash::stamp_of(&st);
+        // FOPEN_KEEP_CACHE when the file is unchanged since the last read-only open and
+        // its hash is known: reads may then be served from the page cache without
+        // reaching the daemon, so what the identity sees is recorded here, at open.
+        let mut last = h.node.last_open.lock();
+        let keep_cache = *last == Some(now) && self.hashes.cached(&now).is_some();
+        *last = Some(now);
+        drop(last);
+        // With kernel passthrough no read request reaches the daemon either.
+        let passthrough = self.passthrough.load(Ordering::Relaxed);
+        // An empty file is read in full by opening it (no read request ever comes).
+        // Provisional: a read request that does come records exactly what it returns
+        // (an empty file may be written by another identity before the first read).
+        if keep_cache || passthrough || st.st_size == 0 {
+            self.record_read_provisional(h, caller.pid);
+        }
+        (keep_cache, passthrough)
     }
 
     /// A read-only file on the backing inode of a node, to register for kernel passthrough.
