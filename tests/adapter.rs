@@ -1,4 +1,4 @@
-//! The FUSE adapter (`src/fuse.rs`) on a real mount: timestamps before the epoch and at
+//! The FUSE adapter (`src/fuse/`) on a real mount: timestamps before the epoch and at
 //! the ends of the 64-bit range, the read-ahead tuning of a mountpoint whose path the
 //! kernel escapes, and the mount tests' skip where FUSE is missing.
 
