@@ -94,15 +94,7 @@ impl Fs {
                 libc::EINVAL
             });
         }
-        let op = if a.size.is_some() {
-            Operation::Truncate
-        } else if a.mode.is_some() {
-            Operation::Chmod
-        } else if a.uid.is_some() || a.gid.is_some() {
-            Operation::Chown
-        } else {
-            Operation::Utimes
-        };
+        let op = a.operation();
         // A truncation holds the file's stale lock from its check through the change.
         let _stale = if a.size.is_some() {
             self.table.stale_locks(&[(node.dev, node.ino)])
@@ -143,96 +135,103 @@ impl Fs {
             sys::chown_fd(fd.as_fd(), a.uid, a.gid)?;
         }
         if let Some(size) = a.size {
-            match fh
-                .and_then(|fh| self.file_handle(fh).ok())
-                .filter(|h| h.writable)
-            {
-                Some(h) => {
-                    // The handle's WRITE at close records what it leaves, with the lines
-                    // changed since before its first change: the TRUNCATE entry says so.
-                    if let Some(mut w) = h.write_state() {
-                        through_handle = Some(w.token.clone());
-                        w.seq.off();
-                    }
-                    h.file.set_len(size)?;
-                    if caller.uid != 0 && a.mode.is_none() {
-                        self.kill_suidgid(h.file.as_fd(), caller);
-                    }
-                    h.mark_changed();
-                    self.after_write(&h);
-                }
-                None => {
-                    let f = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_WRONLY)?;
-                    f.set_len(size)?;
-                    if caller.uid != 0 && a.mode.is_none() {
-                        self.kill_suidgid(f.as_fd(), caller);
-                    }
-                }
-            }
+            through_handle = self.truncate(caller, fd.as_fd(), fh, size, a.mode.is_some())?;
         }
         if a.atime.is_some() || a.mtime.is_some() {
-            if node.is_symlink() {
-                let (parent, name) = node
-                    .aliases()
-                    .into_iter()
-                    .next()
-                    .ok_or(FsError::Os(libc::ESTALE))?;
-                let p = self.node(parent)?;
-                let pfd = self.fd(&p)?;
-                sys::utimes_at_nofollow(pfd.as_fd(), &name, a.atime, a.mtime)?;
-            } else {
-                sys::utimes_fd(self.proc_fd.as_fd(), fd.as_fd(), a.atime, a.mtime)?;
-            }
+            self.set_times(&node, fd.as_fd(), &a)?;
         }
         let after = sys::stat_fd(fd.as_fd())?;
         if node.is_reg() {
             self.note_own_change(&node, &ident, &after);
             if a.size.is_some() {
                 // A truncate is the identity's own completed change: its view follows.
-                if let Ok(f) = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY) {
-                    if let Ok((hash, stamp)) = self.hashes.hash(&f) {
-                        for r in self.alias_rels(&node) {
-                            ident.saw_own(
-                                &r,
-                                caller.pid,
-                                crate::guard::stale::Seen { stamp, hash },
-                            );
-                        }
-                    }
-                }
+                self.saw_own_now(&node, &ident, caller, fd.as_fd());
             }
         }
-        let mt = match op {
-            Operation::Truncate => MutationType::Truncate,
-            Operation::Chmod => MutationType::Chmod,
-            Operation::Chown => MutationType::Chown,
-            _ => MutationType::Utimes,
-        };
-        let mut draft = Draft {
-            size: Some(after.st_size as u64),
-            ..Default::default()
-        };
-        if a.mode.is_some() {
-            draft.detail = Some(serde_json::json!({
-                "mode_before": format!("{:o}", before.st_mode & 0o7777),
-                "mode_after": format!("{:o}", after.st_mode & 0o7777),
-            }));
-        }
-        // Time-only changes are not content mutations worth a ledger line each (every
-        // `touch` and `tar x` would double the ledger); they are still authorized above.
-        // Neither is a chmod or chown that changes nothing (`tar x` as root chowns and
-        // chmods every file it makes to what it already is).
-        let noop = matches!(mt, MutationType::Chmod | MutationType::Chown)
-            && before.st_mode == after.st_mode
-            && before.st_uid == after.st_uid
-            && before.st_gid == after.st_gid;
-        if let (MutationType::Truncate, Some(t)) = (mt, through_handle) {
-            draft.detail = Some(serde_json::json!({ "handle": t }));
-        }
-        if mt != MutationType::Utimes && !noop {
+        if let Some((mt, draft)) = setattr_entry(op, &a, &before, &after, through_handle) {
             self.record(&ident, caller, mt, &rel, draft)?;
         }
         Ok(after)
+    }
+
+    /// Set a regular file's size, through the caller's write handle when it has one
+    /// (returns its token: the handle's WRITE at close records what it leaves).
+    fn truncate(
+        &self,
+        caller: &Caller,
+        fd: std::os::fd::BorrowedFd<'_>,
+        fh: Option<u64>,
+        size: u64,
+        sets_mode: bool,
+    ) -> Result<Option<String>> {
+        let through = fh
+            .and_then(|fh| self.file_handle(fh).ok())
+            .filter(|h| h.writable);
+        let Some(h) = through else {
+            let f = sys::reopen(self.proc_fd.as_fd(), fd, libc::O_WRONLY)?;
+            f.set_len(size)?;
+            if caller.uid != 0 && !sets_mode {
+                self.kill_suidgid(f.as_fd(), caller);
+            }
+            return Ok(None);
+        };
+        // The handle's WRITE at close records what it leaves, with the lines changed since
+        // before its first change: the TRUNCATE entry says so.
+        let mut token = None;
+        if let Some(mut w) = h.write_state() {
+            token = Some(w.token.clone());
+            w.seq.off();
+        }
+        h.file.set_len(size)?;
+        if caller.uid != 0 && !sets_mode {
+            self.kill_suidgid(h.file.as_fd(), caller);
+        }
+        h.mark_changed();
+        self.after_write(&h);
+        Ok(token)
+    }
+
+    /// Set access and modification times (of a symlink itself, not its target).
+    fn set_times(
+        &self,
+        node: &Arc<Node>,
+        fd: std::os::fd::BorrowedFd<'_>,
+        a: &SetAttr,
+    ) -> Result<()> {
+        if !node.is_symlink() {
+            return Ok(sys::utimes_fd(self.proc_fd.as_fd(), fd, a.atime, a.mtime)?);
+        }
+        let (parent, name) = node
+            .aliases()
+            .into_iter()
+            .next()
+            .ok_or(FsError::Os(libc::ESTALE))?;
+        let p = self.node(parent)?;
+        let pfd = self.fd(&p)?;
+        Ok(sys::utimes_at_nofollow(
+            pfd.as_fd(),
+            &name,
+            a.atime,
+            a.mtime,
+        )?)
+    }
+
+    /// The identity's view of the file under every name follows a change it made itself.
+    fn saw_own_now(
+        &self,
+        node: &Arc<Node>,
+        ident: &Identity,
+        caller: &Caller,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) {
+        let Ok(f) = sys::reopen(self.proc_fd.as_fd(), fd, libc::O_RDONLY) else {
+            return;
+        };
+        if let Ok((hash, stamp)) = self.hashes.hash(&f) {
+            for r in self.alias_rels(node) {
+                ident.saw_own(&r, caller.pid, crate::guard::stale::Seen { stamp, hash });
+            }
+        }
     }
 
     pub fn readlink(&self, nodeid: u64) -> Result<Vec<u8>> {
@@ -271,4 +270,59 @@ impl Fs {
         let fd = self.fd(&node)?;
         Ok(sys::statvfs_fd(fd.as_fd())?)
     }
+}
+
+impl SetAttr {
+    /// The operation a request is authorized as: its most consequential change.
+    pub fn operation(&self) -> Operation {
+        if self.size.is_some() {
+            Operation::Truncate
+        } else if self.mode.is_some() {
+            Operation::Chmod
+        } else if self.uid.is_some() || self.gid.is_some() {
+            Operation::Chown
+        } else {
+            Operation::Utimes
+        }
+    }
+}
+
+/// The ledger entry of an attribute change, if it is worth one. Time-only changes are not
+/// content mutations worth a ledger line each (every `touch` and `tar x` would double the
+/// ledger); they are still authorized. Neither is a chmod or chown that changes nothing
+/// (`tar x` as root chowns and chmods every file it makes to what it already is).
+fn setattr_entry(
+    op: Operation,
+    a: &SetAttr,
+    before: &sys::Stat,
+    after: &sys::Stat,
+    through_handle: Option<String>,
+) -> Option<(MutationType, Draft)> {
+    let mt = match op {
+        Operation::Truncate => MutationType::Truncate,
+        Operation::Chmod => MutationType::Chmod,
+        Operation::Chown => MutationType::Chown,
+        _ => return None,
+    };
+    let noop = matches!(mt, MutationType::Chmod | MutationType::Chown)
+        && before.st_mode == after.st_mode
+        && before.st_uid == after.st_uid
+        && before.st_gid == after.st_gid;
+    if noop {
+        return None;
+    }
+    let mut draft = Draft {
+        size: Some(after.st_size as u64),
+        ..Default::default()
+    };
+    if a.mode.is_some() {
+        draft.detail = Some(serde_json::json!({
+            "mode_before": format!("{:o}", before.st_mode & 0o7777),
+            "mode_after": format!("{:o}", after.st_mode & 0o7777),
+        }));
+    }
+    if let (MutationType::Truncate, Some(t)) = (mt, through_handle) {
+        draft.detail = Some(serde_json::json!({ "handle": t }));
+    }
+    Some((mt, draft))
 }
