@@ -148,7 +148,9 @@ thread_local! {
 /// must still hold when the run after the second approval checks both again. So a run that
 /// stops to ask hands the single-use grants it consumed ([`Run::carry`]) to the run after
 /// the answer, and to no other operation: they never go back to the identity, so nothing
-/// else the agent does meanwhile can spend them, and a refusal in the end leaves none.
+/// else the agent does meanwhile can spend them, and a refusal in the end leaves none. A
+/// `once` approval itself is carried the same way (`Gate::settle`), straight to the run
+/// after it.
 pub struct Run(());
 
 impl Run {

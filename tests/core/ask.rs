@@ -390,3 +390,36 @@ fn a_grant_carried_between_runs_serves_that_operation_only() {
         Err(FsError::Ask(_))
     ));
 }
+
+/// A single-use approval serves the operation that asked, and no other: when that
+/// operation's re-run fails before it reaches the check (the agent renamed its in-scope
+/// source away while the human read the question), the grant must not stay with the
+/// identity for a later, different operation on the approved path to spend silently.
+#[test]
+fn a_once_grant_whose_operation_failed_is_not_left_for_another() {
+    let c = human(FILES);
+    c.select("INT-001");
+    let rx = drive(&c, |c| c.rename("src/a.rs", "lib/moved.rs"));
+    let p = c.pending_one();
+    assert_eq!((p.path.as_str(), p.op.as_str()), ("lib/moved.rs", "rename"));
+    // Meanwhile the agent moves its source away (in scope: no question).
+    c.rename("src/a.rs", "src/b.rs").unwrap();
+    once(&c, p.id);
+    let r = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(matches!(r, Err(FsError::Os(libc::ENOENT))), "{r:?}");
+    // The approval was for that rename: anything else at that path still asks.
+    match c.create("lib/moved.rs", "anything the agent likes\n") {
+        Err(FsError::Ask(spec)) => assert_eq!(spec.rel, Path::new("lib/moved.rs")),
+        other => panic!("a grant outlived its operation and served another: {other:?}"),
+    }
+    assert!(!c.exists("lib/moved.rs"));
+    assert!(c
+        .fs
+        .gate
+        .ids
+        .default_identity()
+        .grants
+        .lock()
+        .once
+        .is_empty());
+}
