@@ -35,8 +35,9 @@ pub struct AskSpec {
     pub denial: Denial,
 }
 
-/// What to do once decided: `None` re-runs the operation, `Some(err)` answers the error.
-pub type Continue = Box<dyn FnOnce(Option<FsError>) + Send + 'static>;
+/// What to do once decided: `Ok` re-runs the operation (with the single-use grant the answer
+/// gave, if any, for that re-run only), `Err` answers the error.
+pub type Continue = Box<dyn FnOnce(Result<Option<OnceGrant>, FsError>) + Send + 'static>;
 
 /// How a question was answered.
 pub enum Answer {
@@ -126,8 +127,12 @@ where
             fs.park(
                 *spec,
                 Box::new(move |res| match res {
-                    None => drive_from(fs2, op, done, depth + 1, carried),
-                    Some(e) => done(Err(e)),
+                    Ok(once) => {
+                        let mut carried = carried;
+                        carried.extend(once);
+                        drive_from(fs2, op, done, depth + 1, carried)
+                    }
+                    Err(e) => done(Err(e)),
                 }),
             );
         }
@@ -144,13 +149,14 @@ pub fn literal_glob(rel: &std::path::Path) -> String {
 }
 
 impl Gate {
-    /// Apply an answer: grant and ledger it, or refuse. `None` means "re-run".
+    /// Apply an answer: grant and ledger it, or refuse. `Ok` means "re-run", with the
+    /// single-use grant to carry into that re-run (never given to the identity).
     pub(crate) fn settle(
         &self,
         spec: AskSpec,
         answer: Answer,
         started: Instant,
-    ) -> Option<FsError> {
+    ) -> Result<Option<OnceGrant>, FsError> {
         let latency_ms = started.elapsed().as_millis() as u64;
         let (outcome, by, grant) = match &answer {
             Answer::Approved { grant, by } => (Outcome::Approved, by.clone(), Some(*grant)),
@@ -197,13 +203,18 @@ impl Gate {
                             }
                         }
                     }
-                    Grant::Once => g.once.push((spec.kind, spec.rel.clone())),
+                    // A single-use grant is the asking operation's alone: it goes to that
+                    // operation's re-run (see `Run`), not to the identity, where a re-run
+                    // that failed before reaching its check (a source renamed away
+                    // meanwhile) left it for any later operation on the path to spend
+                    // without a question, and a concurrent operation could take it first.
+                    Grant::Once => return Ok(Some((spec.kind, spec.rel.clone()))),
                 }
-                None
+                Ok(None)
             }
             Answer::Rejected { by } if by.starts_with("approver:") => {
                 // Unattended refusal: the original reason stands.
-                Some(self.deny(&spec.ident, &spec.caller, spec.denial))
+                Err(self.deny(&spec.ident, &spec.caller, spec.denial))
             }
             Answer::Rejected { by } => {
                 let d = Denial::new(
@@ -217,7 +228,7 @@ impl Gate {
                         .into(),
                 )
                 .with_rule(spec.denial.rule.clone());
-                Some(self.deny(&spec.ident, &spec.caller, d))
+                Err(self.deny(&spec.ident, &spec.caller, d))
             }
             Answer::TimedOut => {
                 let d = Denial::new(
@@ -231,7 +242,7 @@ impl Gate {
                         .into(),
                 )
                 .with_rule(spec.denial.rule.clone());
-                Some(self.deny(&spec.ident, &spec.caller, d))
+                Err(self.deny(&spec.ident, &spec.caller, d))
             }
         }
     }

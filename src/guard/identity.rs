@@ -105,11 +105,10 @@ pub struct Identity {
     pub tripped: AtomicBool,
 }
 
-/// What humans granted an identity.
+/// What humans granted an identity for its session. (A `once` approval is never the
+/// identity's: it goes to the operation that asked, see [`Run`].)
 #[derive(Default, Debug)]
 pub struct Grants {
-    /// Single-use grants: `(kind, path)`; consumed by the next matching check.
-    pub once: Vec<OnceGrant>,
     /// Paths granted for the rest of the session.
     pub files: HashSet<(GrantKind, PathBuf)>,
     /// Scope expansions (globs), for the rest of the session.
@@ -148,7 +147,9 @@ thread_local! {
 /// must still hold when the run after the second approval checks both again. So a run that
 /// stops to ask hands the single-use grants it consumed ([`Run::carry`]) to the run after
 /// the answer, and to no other operation: they never go back to the identity, so nothing
-/// else the agent does meanwhile can spend them, and a refusal in the end leaves none.
+/// else the agent does meanwhile can spend them, and a refusal in the end leaves none. A
+/// `once` approval itself is carried the same way (`Gate::settle`), straight to the run
+/// after it.
 pub struct Run(());
 
 impl Run {
@@ -196,18 +197,10 @@ fn take_carried(kind: GrantKind, rel: &Path) -> bool {
 }
 
 impl Grants {
-    /// Does a grant cover `(kind, rel)`? A single-use grant is consumed.
+    /// Does a grant cover `(kind, rel)`: a single-use one the running operation carries
+    /// (consumed), or one for the session?
     pub fn take(&mut self, kind: GrantKind, rel: &Path) -> bool {
         if take_carried(kind, rel) {
-            return true;
-        }
-        if let Some(i) = self.once.iter().position(|(k, p)| *k == kind && p == rel) {
-            let g = self.once.remove(i);
-            RUN.with(|r| {
-                if let Some(run) = r.borrow_mut().as_mut() {
-                    run.taken.push(g);
-                }
-            });
             return true;
         }
         if self.files.contains(&(kind, rel.to_path_buf())) {
