@@ -174,3 +174,31 @@ fn a_mixed_session_leaves_an_intact_chain_that_matches_the_disk() {
     let r = intentfs::ledger::verify_chain(&c.ledger).unwrap();
     assert!(!r.intact());
 }
+
+/// The process an entry names is read from `/proc/<pid>/comm` at most every quarter
+/// second per pid (a burst of requests from one process names it once), and a renamed
+/// (or exec'd) process is named by its new name after that.
+#[test]
+fn the_process_name_follows_the_process_within_a_quarter_second() {
+    let c = core(POLICY, &[]);
+    c.select("INT-001");
+    c.mkdir("src").unwrap();
+    let comm = |c: &Core, rel: &str| {
+        let e = c.at(MutationType::Mkdir, rel);
+        e[0].agent.as_ref().unwrap().process.clone()
+    };
+    let before = std::fs::read_to_string("/proc/self/comm").unwrap();
+    let named = std::time::Instant::now();
+    assert_eq!(comm(&c, "src"), before.trim_end());
+    // This process renames itself (what an exec does to the name).
+    std::fs::write("/proc/self/comm", "renamed-proc").unwrap();
+    c.mkdir("src/a").unwrap();
+    // Within the quarter second the name is not read again (a loaded machine may take
+    // longer to get here: then there is nothing to check).
+    if named.elapsed() < Duration::from_millis(200) {
+        assert_eq!(comm(&c, "src/a"), before.trim_end(), "read again at once");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    c.mkdir("src/b").unwrap();
+    assert_eq!(comm(&c, "src/b"), "renamed-proc");
+}
