@@ -197,7 +197,9 @@ impl IntentMapWriter {
             if stats.items.len() < MAX_ITEMS {
                 let spans: Vec<(u32, u32)> =
                     ranges.iter().map(|r| (r.start_line, r.end_line)).collect();
-                for item in items_touched(&ws.join(p), &spans) {
+                // Enough to fill the dozen even if every item already there comes again.
+                let limit = MAX_ITEMS + stats.items.len();
+                for item in items_touched_up_to(&ws.join(p), &spans, limit) {
                     if stats.items.len() >= MAX_ITEMS {
                         break;
                     }
@@ -479,27 +481,47 @@ fn item_of(line: &str, lang: Lang) -> Option<String> {
 /// Items touched by changes at `ranges` (1-based inclusive) of the file at `path`:
 /// the item enclosing each range's start and every item declared inside a range.
 pub fn items_touched(path: &Path, ranges: &[(u32, u32)]) -> Vec<String> {
+    items_touched_up_to(path, ranges, usize::MAX)
+}
+
+/// [`items_touched`], the first `limit` of them: the file is read only as far as needed
+/// (a new file's range is all of it, and the map keeps a dozen items a file, so a build
+/// unpacking thousands of files is not scanned to their ends).
+pub fn items_touched_up_to(path: &Path, ranges: &[(u32, u32)], limit: usize) -> Vec<String> {
+    use std::io::BufRead;
     let Some(lang) = lang_of(path) else {
         return Vec::new();
     };
-    let Ok(meta) = std::fs::metadata(path) else {
+    let Ok(f) = std::fs::File::open(path) else {
         return Vec::new();
     };
-    if !meta.is_file() || meta.len() > MAX_SCAN_BYTES {
-        return Vec::new();
+    match f.metadata() {
+        Ok(m) if m.is_file() && m.len() <= MAX_SCAN_BYTES => {}
+        _ => return Vec::new(),
     }
-    let Ok(bytes) = std::fs::read(path) else {
-        return Vec::new();
-    };
-    let text = String::from_utf8_lossy(&bytes);
-    let lines: Vec<&str> = text.lines().collect();
     let mut out: Vec<String> = Vec::new();
-    let mut push = |s: String| {
+    let push = |out: &mut Vec<String>, s: String| {
         if !out.contains(&s) {
             out.push(s);
         }
     };
+    // Lines are read once, as far as the furthest range reaches, and kept (ranges may
+    // come in any order).
+    let reach = ranges
+        .iter()
+        .map(|&(s, e)| s.max(e) as usize)
+        .max()
+        .unwrap_or(0);
+    let mut lines: Vec<String> = Vec::new();
+    for l in std::io::BufReader::new(f).split(b'\n').take(reach) {
+        let Ok(l) = l else { break };
+        let l = l.strip_suffix(b"\r").unwrap_or(&l);
+        lines.push(String::from_utf8_lossy(l).into_owned());
+    }
     for &(s, e) in ranges {
+        if out.len() >= limit {
+            break;
+        }
         let s = (s.max(1) as usize).min(lines.len().max(1));
         let e = (e as usize).min(lines.len());
         if let Some(item) = lines[..s.min(lines.len())]
@@ -507,14 +529,18 @@ pub fn items_touched(path: &Path, ranges: &[(u32, u32)]) -> Vec<String> {
             .rev()
             .find_map(|l| item_of(l, lang))
         {
-            push(item);
+            push(&mut out, item);
         }
         for l in lines.iter().take(e).skip(s) {
+            if out.len() >= limit {
+                break;
+            }
             if let Some(item) = item_of(l, lang) {
-                push(item);
+                push(&mut out, item);
             }
         }
     }
+    out.truncate(limit);
     out
 }
 
@@ -583,5 +609,22 @@ mod tests {
         );
         assert!(items_touched(&p, &[(1, 1)]).is_empty());
         assert!(items_touched(&dir.path().join("x.txt"), &[(1, 1)]).is_empty());
+    }
+
+    #[test]
+    fn items_up_to_a_limit_are_the_first_ones_in_the_same_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.rs");
+        let text: String = (0..200).map(|i| format!("fn f{i}() {{}}\r\n")).collect();
+        std::fs::write(&p, text).unwrap();
+        let all = items_touched(&p, &[(1, 200)]);
+        assert_eq!(all.len(), 200);
+        assert_eq!(all[199], "fn f199");
+        assert_eq!(items_touched_up_to(&p, &[(1, 200)], 12), all[..12].to_vec());
+        assert_eq!(items_touched_up_to(&p, &[(150, 160), (1, 3)], 5), {
+            let mut v = items_touched(&p, &[(150, 160), (1, 3)]);
+            v.truncate(5);
+            v
+        });
     }
 }
