@@ -505,37 +505,47 @@ pub fn items_touched_up_to(path: &Path, ranges: &[(u32, u32)], limit: usize) -> 
             out.push(s);
         }
     };
-    // Lines are read once, as far as the furthest range reaches, and kept (ranges may
-    // come in any order).
-    let reach = ranges
-        .iter()
-        .map(|&(s, e)| s.max(e) as usize)
-        .max()
-        .unwrap_or(0);
+    // Lines are read on demand, only as far as needed, and kept (ranges may come in any
+    // order).
+    let mut reader = std::io::BufReader::new(f).split(b'\n');
     let mut lines: Vec<String> = Vec::new();
-    for l in std::io::BufReader::new(f).split(b'\n').take(reach) {
-        let Ok(l) = l else { break };
-        let l = l.strip_suffix(b"\r").unwrap_or(&l);
-        lines.push(String::from_utf8_lossy(l).into_owned());
-    }
+    let mut eof = false;
+    // Line `i` (0-based), reading up to it.
+    let mut line = |i: usize, lines: &mut Vec<String>| -> Option<String> {
+        while lines.len() <= i && !eof {
+            match reader.next() {
+                Some(Ok(l)) => {
+                    let l = l.strip_suffix(b"\r").unwrap_or(&l);
+                    lines.push(String::from_utf8_lossy(l).into_owned());
+                }
+                _ => eof = true,
+            }
+        }
+        lines.get(i).cloned()
+    };
     for &(s, e) in ranges {
         if out.len() >= limit {
             break;
         }
-        let s = (s.max(1) as usize).min(lines.len().max(1));
-        let e = (e as usize).min(lines.len());
-        if let Some(item) = lines[..s.min(lines.len())]
-            .iter()
-            .rev()
-            .find_map(|l| item_of(l, lang))
-        {
+        // The enclosing item: the last one declared on lines 1..=s (1-based).
+        let s = s.max(1) as usize;
+        let mut enclosing = None;
+        for i in 0..s {
+            let Some(l) = line(i, &mut lines) else { break };
+            if let Some(item) = item_of(&l, lang) {
+                enclosing = Some(item);
+            }
+        }
+        if let Some(item) = enclosing {
             push(&mut out, item);
         }
-        for l in lines.iter().take(e).skip(s) {
+        // Items declared on lines s+1..=e.
+        for i in s..(e as usize) {
             if out.len() >= limit {
                 break;
             }
-            if let Some(item) = item_of(l, lang) {
+            let Some(l) = line(i, &mut lines) else { break };
+            if let Some(item) = item_of(&l, lang) {
                 push(&mut out, item);
             }
         }
