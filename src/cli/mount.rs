@@ -105,7 +105,14 @@ pub struct MountArgs {
     /// /dev/fuse), `io-uring` (FUSE-over-io_uring: needs Linux 6.14+ with the `fuse`
     /// module's `enable_uring` set; the mount fails without it) or `auto` (io-uring when
     /// the kernel offers it, else dev-fuse). The daemon log names the one in use.
-    #[arg(long, value_enum, default_value_t = Transport::DevFuse, value_name = "T")]
+    /// INTENTFS_TRANSPORT sets it too (to run a whole test suite over the ring).
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = Transport::DevFuse,
+        value_name = "T",
+        env = "INTENTFS_TRANSPORT"
+    )]
     pub transport: Transport,
     /// Daemon log file [default: the mount's runtime directory, /run/intentfs/...].
     #[arg(long, value_name = "FILE")]
