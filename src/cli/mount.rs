@@ -19,7 +19,7 @@ use nix::unistd::ForkResult;
 use super::runtime;
 use crate::approval::{Broker, BrokerConfig, Mode};
 use crate::fs::{Fs, FsConfig};
-use crate::fuse::{MountSpec, Mounted};
+use crate::fuse::{MountSpec, Mounted, Transport};
 use crate::guard::{Guard, Identities, Protected, Rules};
 use crate::ledger::{Ledger, LedgerOptions};
 use crate::policy::{IntentIgnore, Policy};
@@ -101,6 +101,19 @@ pub struct MountArgs {
     /// Needs root.
     #[arg(long)]
     pub low_latency: bool,
+    /// How requests travel between the kernel and the daemon: `dev-fuse` (read/write on
+    /// /dev/fuse), `io-uring` (FUSE-over-io_uring: needs Linux 6.14+ with the `fuse`
+    /// module's `enable_uring` set; the mount fails without it) or `auto` (io-uring when
+    /// the kernel offers it, else dev-fuse). The daemon log names the one in use.
+    /// INTENTFS_TRANSPORT sets it too (to run a whole test suite over the ring).
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = Transport::DevFuse,
+        value_name = "T",
+        env = "INTENTFS_TRANSPORT"
+    )]
+    pub transport: Transport,
     /// Daemon log file [default: the mount's runtime directory, /run/intentfs/...].
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
@@ -125,6 +138,7 @@ impl MountArgs {
             foreground,
             threads: 4,
             low_latency: false,
+            transport: Transport::DevFuse,
             log: None,
         }
     }
@@ -649,6 +663,7 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
     let spec = MountSpec {
         allow_other: plan.args.allow_other,
         threads: plan.args.threads,
+        transport: plan.args.transport,
         fsname: format!("intentfs:{}", plan.workspace.display()),
     };
     let mut mounted = Mounted::new(fs.clone(), &plan.mountpoint, &spec)

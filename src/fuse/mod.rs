@@ -33,6 +33,8 @@ use reply::*;
 pub struct FuseFs {
     pub fs: Arc<Fs>,
     pt: Arc<Passthrough>,
+    /// Ask INIT for FUSE-over-io_uring (`--transport io-uring` or `auto`).
+    uring: bool,
 }
 
 impl FuseFs {
@@ -99,6 +101,15 @@ impl Filesystem for FuseFs {
             // before every write (one round trip per write).
             | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         let _ = config.add_capabilities(wanted & config.capabilities());
+        // Offered only when the `fuse` module's `enable_uring` is set; the rings are
+        // registered once INIT is answered (`Mounted::new`).
+        if self.uring
+            && config
+                .capabilities()
+                .contains(InitFlags::FUSE_OVER_IO_URING)
+        {
+            let _ = config.add_capabilities(InitFlags::FUSE_OVER_IO_URING);
+        }
         let _ = config.set_max_write(MAX_IO);
         // Kernel passthrough for read-only opens (FUSE_PASSTHROUGH needs a backing stack
         // depth of at least 1). Opt-in (INTENTFS_PASSTHROUGH=1): kernel 6.18 answers EIO to
@@ -698,10 +709,28 @@ impl crate::fs::watch::Invalidate for Inval {
     }
 }
 
+/// How requests travel between the kernel and the daemon.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    /// `read`/`writev` on /dev/fuse: two system calls and a thread wake-up per request.
+    DevFuse,
+    /// FUSE-over-io_uring (Linux 6.14+, `enable_uring`): a request arrives as an io_uring
+    /// completion in a per-CPU queue, its reply goes back with the fetch of the next one.
+    /// The mount fails when the kernel does not offer it.
+    IoUring,
+    /// io-uring when the kernel offers it and the rings register, else dev-fuse.
+    Auto,
+}
+
+/// Ring entries per kernel queue (one queue per CPU): the requests a queue can hold at
+/// once, including those parked on an approval. Each has a 1 MiB payload buffer.
+const RING_ENTRIES: usize = 8;
+
 /// Mount options and session settings for a governed mount.
 pub struct MountSpec {
     pub allow_other: bool,
     pub threads: usize,
+    pub transport: Transport,
     pub fsname: String,
 }
 
@@ -732,6 +761,38 @@ fn raise_readahead(mountpoint: &Path) {
             tracing::debug!("{path}: {e} (sequential reads use the kernel's 128 KiB)");
         }
     }
+}
+
+/// Registers the io_uring queues when the transport asks for them, and says in the log
+/// which transport serves the mount. The /dev/fuse threads run in every case: the kernel
+/// sends FORGET and INTERRUPT there, and everything while the ring is not complete.
+fn start_transport(session: &mut fuser::Session<FuseFs>, t: Transport) -> std::io::Result<()> {
+    if t == Transport::DevFuse {
+        tracing::info!("transport: /dev/fuse");
+        return Ok(());
+    }
+    let why = if session.uring_negotiated() {
+        match session.start_uring(RING_ENTRIES) {
+            Ok(queues) => {
+                tracing::info!(
+                    "transport: io-uring ({queues} queues x {RING_ENTRIES} entries; FORGET and INTERRUPT over /dev/fuse)"
+                );
+                return Ok(());
+            }
+            Err(e) => format!("registering the rings failed: {e}"),
+        }
+    } else {
+        "the kernel did not offer FUSE_OVER_IO_URING (Linux 6.14+ with \
+         /sys/module/fuse/parameters/enable_uring set to Y)"
+            .to_string()
+    };
+    if t == Transport::IoUring {
+        return Err(std::io::Error::other(format!(
+            "--transport io-uring: {why}"
+        )));
+    }
+    tracing::info!("transport: /dev/fuse (io-uring unavailable: {why})");
+    Ok(())
 }
 
 pub struct Mounted {
@@ -766,8 +827,10 @@ impl Mounted {
         let ffs = FuseFs {
             fs: fs.clone(),
             pt: Arc::default(),
+            uring: spec.transport != Transport::DevFuse,
         };
-        let session = fuser::Session::new(ffs, mountpoint, &cfg)?;
+        let mut session = fuser::Session::new(ffs, mountpoint, &cfg)?;
+        start_transport(&mut session, spec.transport)?;
         crate::fs::watch::Watcher::start(&fs, Box::new(Inval(session.notifier())));
         raise_readahead(mountpoint);
         Ok(Mounted { session })
