@@ -223,6 +223,7 @@ pub fn control(data: &[u8]) {
         policy_error: None,
         nodes: 1,
         open_handles: 0,
+        transport: None,
         counters: serde_json::Value::Null,
         pending: serde_json::json!([]),
     };

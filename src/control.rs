@@ -114,6 +114,8 @@ pub struct StatusInfo {
     pub policy_error: Option<String>,
     pub nodes: usize,
     pub open_handles: usize,
+    /// How requests reach the daemon.
+    pub transport: Option<String>,
     pub counters: serde_json::Value,
     /// Requests waiting for a human.
     pub pending: serde_json::Value,
@@ -197,7 +199,7 @@ pub fn render(
             let v = serde_json::json!({
                 "mount": { "workspace": i.workspace, "mountpoint": i.mountpoint, "policy": i.policy,
                            "policy_reload_error": i.policy_error, "nodes": i.nodes, "open_handles": i.open_handles,
-                           "identity_tracking": ids.tracking() },
+                           "identity_tracking": ids.tracking(), "transport": i.transport },
                 "identities": idents,
                 "pending_approvals": i.pending,
                 "counters": i.counters,

@@ -99,6 +99,13 @@ fn file_operations(tm: &TestMount) {
     assert!(std::fs::write(tm.m(LEDGER_REL), "x").is_err());
 }
 
+/// `mount.transport` in `.intentfs/status`.
+fn transport_in_status(tm: &TestMount) -> String {
+    let text = std::fs::read_to_string(tm.m(".intentfs/status")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["mount"]["transport"].as_str().unwrap_or("").to_owned()
+}
+
 #[test]
 fn io_uring_transport_serves_and_auto_falls_back() {
     require_fuse();
@@ -116,6 +123,11 @@ fn io_uring_transport_serves_and_auto_falls_back() {
         .mount();
     let log = log_of(&tm);
     assert!(log.contains("transport: io-uring"), "daemon log:\n{log}");
+    assert!(
+        transport_in_status(&tm).starts_with("io-uring ("),
+        "{}",
+        transport_in_status(&tm)
+    );
     let before = ring_switches(tm.daemon_pid());
     file_operations(&tm);
     let after = ring_switches(tm.daemon_pid());
@@ -141,6 +153,7 @@ fn io_uring_transport_serves_and_auto_falls_back() {
         log.contains("transport: /dev/fuse (io-uring unavailable"),
         "daemon log:\n{log}"
     );
+    assert!(transport_in_status(&tm).starts_with("/dev/fuse (io-uring unavailable"));
     file_operations(&tm);
     assert_eq!(ring_switches(tm.daemon_pid()), 0, "no ring thread expected");
     drop(tm);

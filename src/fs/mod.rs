@@ -199,6 +199,8 @@ pub struct Fs {
     pub watch: std::sync::OnceLock<watch::Watcher>,
     /// Kernel passthrough was negotiated (and has not failed).
     pub passthrough: AtomicBool,
+    /// How requests reach the daemon (`/dev/fuse`, `io-uring (...)`), once mounted.
+    pub transport: std::sync::OnceLock<String>,
     /// `--low-latency`: told of every request (`node` is where nearly all of them start).
     pub low_latency: std::sync::OnceLock<Arc<crate::latency::LowLatency>>,
 }
@@ -227,6 +229,7 @@ impl Fs {
             started: chrono::Utc::now().timestamp(),
             watch: std::sync::OnceLock::new(),
             passthrough: AtomicBool::new(false),
+            transport: std::sync::OnceLock::new(),
             low_latency: std::sync::OnceLock::new(),
         })
     }

@@ -766,17 +766,26 @@ fn raise_readahead(mountpoint: &Path) {
 /// Registers the io_uring queues when the transport asks for them, and says in the log
 /// which transport serves the mount. The /dev/fuse threads run in every case: the kernel
 /// sends FORGET and INTERRUPT there, and everything while the ring is not complete.
-fn start_transport(session: &mut fuser::Session<FuseFs>, t: Transport) -> std::io::Result<()> {
+fn start_transport(
+    fs: &Fs,
+    session: &mut fuser::Session<FuseFs>,
+    t: Transport,
+) -> std::io::Result<()> {
+    // What `.intentfs/status` says (`mount.transport`), as the log does.
+    let say = |what: String| {
+        tracing::info!("transport: {what}");
+        let _ = fs.transport.set(what);
+    };
     if t == Transport::DevFuse {
-        tracing::info!("transport: /dev/fuse");
+        say("/dev/fuse".into());
         return Ok(());
     }
     let why = if session.uring_negotiated() {
         match session.start_uring(RING_ENTRIES) {
             Ok(queues) => {
-                tracing::info!(
-                    "transport: io-uring ({queues} queues x {RING_ENTRIES} entries; FORGET and INTERRUPT over /dev/fuse)"
-                );
+                say(format!(
+                    "io-uring ({queues} queues x {RING_ENTRIES} entries; FORGET and INTERRUPT over /dev/fuse)"
+                ));
                 return Ok(());
             }
             Err(e) => format!("registering the rings failed: {e}"),
@@ -791,7 +800,7 @@ fn start_transport(session: &mut fuser::Session<FuseFs>, t: Transport) -> std::i
             "--transport io-uring: {why}"
         )));
     }
-    tracing::info!("transport: /dev/fuse (io-uring unavailable: {why})");
+    say(format!("/dev/fuse (io-uring unavailable: {why})"));
     Ok(())
 }
 
@@ -830,7 +839,7 @@ impl Mounted {
             uring: spec.transport != Transport::DevFuse,
         };
         let mut session = fuser::Session::new(ffs, mountpoint, &cfg)?;
-        start_transport(&mut session, spec.transport)?;
+        start_transport(&fs, &mut session, spec.transport)?;
         crate::fs::watch::Watcher::start(&fs, Box::new(Inval(session.notifier())));
         raise_readahead(mountpoint);
         Ok(Mounted { session })

@@ -44,6 +44,7 @@ impl Fs {
             policy_error: self.gate.guard.reload_error(),
             nodes: self.table.len(),
             open_handles: self.table.open_handles(),
+            transport: self.transport.get().cloned(),
             pending: match &self.gate.approver {
                 crate::fs::approve::Approver::Human(b) => {
                     serde_json::to_value(b.pending()).unwrap_or_default()
