@@ -170,7 +170,7 @@ fn validate(a: MountArgs) -> anyhow::Result<(Plan, runtime::RuntimeDir)> {
         bail!("workspace {} is not a directory", workspace.display());
     }
     let mountpoint = a.mountpoint.canonicalize().map_err(|e| {
-        if e.raw_os_error() == Some(libc::ENOTCONN) {
+        if is_dead_mount(&e) {
             return anyhow!(
                 "mountpoint {} is a dead FUSE mount: its daemon is gone (killed, or crashed), and the \
                  mount was left behind\nhint: intentfs umount --lazy {p} (or umount -l {p}), then mount again",
@@ -185,7 +185,7 @@ fn validate(a: MountArgs) -> anyhow::Result<(Plan, runtime::RuntimeDir)> {
         )
     })?;
     match std::fs::metadata(&mountpoint) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => bail!(
+        Err(e) if is_dead_mount(&e) => bail!(
             "mountpoint {p} is a dead FUSE mount: its daemon is gone (killed, or crashed), and the \
              mount was left behind\nhint: intentfs umount --lazy {p} (or umount -l {p}), then mount again",
             p = mountpoint.display()
@@ -868,6 +868,15 @@ fn notify_human(summary: &str, body: &str) {
         .summary(summary)
         .body(body)
         .show();
+}
+
+/// A FUSE mount whose daemon is gone: `ENOTCONN` on `/dev/fuse`, `ECONNABORTED` when the
+/// mount was served over FUSE-over-io_uring (the kernel tears the ring down that way).
+fn is_dead_mount(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOTCONN) | Some(libc::ECONNABORTED)
+    )
 }
 
 #[cfg(test)]
