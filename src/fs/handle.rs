@@ -185,11 +185,6 @@ impl FileHandle {
         })
     }
 
-    /// The handle may change the file.
-    pub fn changes_file(&self) -> bool {
-        matches!(*self.state.lock(), HandleState::Write(_))
-    }
-
     /// A rebase todo list opened for writing.
     pub fn is_todo(&self) -> bool {
         self.write_state().is_some_and(|w| w.todo)

@@ -90,17 +90,18 @@ pub fn openat_mode(
 
 /// The first line of a small file `dir/name` (a git ref), not following a symlink.
 pub fn read_ref_at(dir: BorrowedFd<'_>, name: &OsStr) -> Option<String> {
-    let fd = openat_mode(
-        dir,
-        name,
-        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
-        0,
-    )
-    .ok()?;
+    let mut f = open_read_at(dir, name).ok()?;
     let mut buf = [0u8; 512];
-    let n = std::io::Read::read(&mut std::fs::File::from(fd), &mut buf).ok()?;
+    let n = std::io::Read::read(&mut f, &mut buf).ok()?;
     let text = std::str::from_utf8(&buf[..n]).ok()?;
     Some(text.lines().next().unwrap_or("").trim().to_string())
+}
+
+/// `dir/name` opened for reading its content: never through a symlink, never blocking on
+/// a FIFO.
+pub fn open_read_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<std::fs::File> {
+    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+    Ok(std::fs::File::from(openat_mode(dir, name, flags, 0)?))
 }
 
 /// Open a directory by path, refusing a symlink as its last component.

@@ -199,7 +199,7 @@ impl IntentMapWriter {
                     ranges.iter().map(|r| (r.start_line, r.end_line)).collect();
                 // Enough to fill the dozen even if every item already there comes again.
                 let limit = MAX_ITEMS + stats.items.len();
-                for item in items_touched_up_to(&ws.join(p), &spans, limit) {
+                for item in items_touched(&ws.join(p), &spans, limit) {
                     if stats.items.len() >= MAX_ITEMS {
                         break;
                     }
@@ -478,16 +478,12 @@ fn item_of(line: &str, lang: Lang) -> Option<String> {
     }
 }
 
-/// Items touched by changes at `ranges` (1-based inclusive) of the file at `path`:
-/// the item enclosing each range's start and every item declared inside a range.
-pub fn items_touched(path: &Path, ranges: &[(u32, u32)]) -> Vec<String> {
-    items_touched_up_to(path, ranges, usize::MAX)
-}
-
-/// [`items_touched`], the first `limit` of them: the file is read only as far as needed
-/// (a new file's range is all of it, and the map keeps a dozen items a file, so a build
-/// unpacking thousands of files is not scanned to their ends).
-pub fn items_touched_up_to(path: &Path, ranges: &[(u32, u32)], limit: usize) -> Vec<String> {
+/// Items touched by changes at `ranges` (1-based inclusive) of the file at `path`: the
+/// item enclosing each range's start and every item declared inside a range, the first
+/// `limit` of them. The file is read only as far as needed (a new file's range is all of
+/// it, and the map keeps a dozen items a file, so a build unpacking thousands of files is
+/// not scanned to their ends).
+pub fn items_touched(path: &Path, ranges: &[(u32, u32)], limit: usize) -> Vec<String> {
     use std::io::BufRead;
     let Some(lang) = lang_of(path) else {
         return Vec::new();
@@ -510,8 +506,8 @@ pub fn items_touched_up_to(path: &Path, ranges: &[(u32, u32)], limit: usize) -> 
     let mut reader = std::io::BufReader::new(f).split(b'\n');
     let mut lines: Vec<String> = Vec::new();
     let mut eof = false;
-    // Line `i` (0-based), reading up to it.
-    let mut line = |i: usize, lines: &mut Vec<String>| -> Option<String> {
+    // Whether line `i` (0-based) exists, reading up to it.
+    let mut have = |i: usize, lines: &mut Vec<String>| -> bool {
         while lines.len() <= i && !eof {
             match reader.next() {
                 Some(Ok(l)) => {
@@ -521,7 +517,7 @@ pub fn items_touched_up_to(path: &Path, ranges: &[(u32, u32)], limit: usize) -> 
                 _ => eof = true,
             }
         }
-        lines.get(i).cloned()
+        i < lines.len()
     };
     for &(s, e) in ranges {
         if out.len() >= limit {
@@ -531,8 +527,10 @@ pub fn items_touched_up_to(path: &Path, ranges: &[(u32, u32)], limit: usize) -> 
         let s = s.max(1) as usize;
         let mut enclosing = None;
         for i in 0..s {
-            let Some(l) = line(i, &mut lines) else { break };
-            if let Some(item) = item_of(&l, lang) {
+            if !have(i, &mut lines) {
+                break;
+            }
+            if let Some(item) = item_of(&lines[i], lang) {
                 enclosing = Some(item);
             }
         }
@@ -544,8 +542,10 @@ pub fn items_touched_up_to(path: &Path, ranges: &[(u32, u32)], limit: usize) -> 
             if out.len() >= limit {
                 break;
             }
-            let Some(l) = line(i, &mut lines) else { break };
-            if let Some(item) = item_of(&l, lang) {
+            if !have(i, &mut lines) {
+                break;
+            }
+            if let Some(item) = item_of(&lines[i], lang) {
                 push(&mut out, item);
             }
         }
@@ -612,13 +612,16 @@ mod tests {
             "import os\n\ndef a():\n    return 1\n\ndef b():\n    return 2\n\nclass C:\n    pass\n",
         )
         .unwrap();
-        assert_eq!(items_touched(&p, &[(4, 4)]), vec!["def a".to_string()]);
         assert_eq!(
-            items_touched(&p, &[(7, 10)]),
+            items_touched(&p, &[(4, 4)], usize::MAX),
+            vec!["def a".to_string()]
+        );
+        assert_eq!(
+            items_touched(&p, &[(7, 10)], usize::MAX),
             vec!["def b".to_string(), "class C".to_string()]
         );
-        assert!(items_touched(&p, &[(1, 1)]).is_empty());
-        assert!(items_touched(&dir.path().join("x.txt"), &[(1, 1)]).is_empty());
+        assert!(items_touched(&p, &[(1, 1)], usize::MAX).is_empty());
+        assert!(items_touched(&dir.path().join("x.txt"), &[(1, 1)], usize::MAX).is_empty());
     }
 
     #[test]
@@ -627,12 +630,12 @@ mod tests {
         let p = dir.path().join("m.rs");
         let text: String = (0..200).map(|i| format!("fn f{i}() {{}}\r\n")).collect();
         std::fs::write(&p, text).unwrap();
-        let all = items_touched(&p, &[(1, 200)]);
+        let all = items_touched(&p, &[(1, 200)], usize::MAX);
         assert_eq!(all.len(), 200);
         assert_eq!(all[199], "fn f199");
-        assert_eq!(items_touched_up_to(&p, &[(1, 200)], 12), all[..12].to_vec());
-        assert_eq!(items_touched_up_to(&p, &[(150, 160), (1, 3)], 5), {
-            let mut v = items_touched(&p, &[(150, 160), (1, 3)]);
+        assert_eq!(items_touched(&p, &[(1, 200)], 12), all[..12].to_vec());
+        assert_eq!(items_touched(&p, &[(150, 160), (1, 3)], 5), {
+            let mut v = items_touched(&p, &[(150, 160), (1, 3)], usize::MAX);
             v.truncate(5);
             v
         });

@@ -468,14 +468,9 @@ impl Fs {
                 && r.src.st_mode & libc::S_IFMT == libc::S_IFREG
                 && self.content_recorded(&r.to) =>
             {
-                let h = sys::openat_mode(
-                    r.npfd.as_fd(),
-                    r.newname,
-                    libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
-                    0,
-                )
-                .ok()
-                .and_then(|fd| self.hashes.hash(&std::fs::File::from(fd)).ok());
+                let h = sys::open_read_at(r.npfd.as_fd(), r.newname)
+                    .ok()
+                    .and_then(|f| self.hashes.hash(&f).ok());
                 (None, h.map(|(h, _)| crate::fs::hash::to_string(&h)), None)
             }
             None => (None, None, None),
@@ -537,15 +532,8 @@ struct RenameEffects {
     packed: Vec<(String, Option<String>, Option<String>)>,
 }
 
-/// Up to `limit` bytes of the regular file `dir/name` (never following a symlink, never
-/// blocking on a FIFO).
+/// Up to `limit` bytes of the regular file `dir/name` (see [`sys::open_read_at`]).
 fn read_at(dir: std::os::fd::BorrowedFd<'_>, name: &OsStr, limit: u64) -> Option<Vec<u8>> {
-    sys::openat_mode(
-        dir,
-        name,
-        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
-        0,
-    )
-    .ok()
-    .and_then(|fd| crate::fs::hash::read_small(&std::fs::File::from(fd), limit))
+    let f = sys::open_read_at(dir, name).ok()?;
+    crate::fs::hash::read_small(&f, limit)
 }
