@@ -19,7 +19,10 @@
 #   --no-bindfs     skip bindfs even when installed
 #   --no-uring      skip intentfs-uring (intentfs mounted with --transport io-uring, beside
 #                   the /dev/fuse mount; it runs when enable_uring can be set, and is put
-#                   back at exit)
+#                   back at exit) and intentfs-uring-pt
+#   --no-pt         skip intentfs-pt and intentfs-uring-pt (intentfs with --data
+#                   passthrough: the kernel reads and writes files, decisions at open;
+#                   docs/passthrough.md), which run when the kernel offers FUSE passthrough
 #   --with-peers    passthrough_hp is required: the run stops if it cannot be built or
 #                   mounted
 #   --no-peers      skip passthrough_hp. Default: its four modes run when
@@ -53,7 +56,7 @@
 set -uo pipefail
 export LC_ALL=C
 
-ROUNDS=5 COPIES=4 SEQ_MIB=512 FILES=4700 BINDFS=auto PEERS=auto URING=auto KEEP=0 FS=image RT_CALLS=20000
+ROUNDS=5 COPIES=4 SEQ_MIB=512 FILES=4700 BINDFS=auto PEERS=auto URING=auto PT=auto KEEP=0 FS=image RT_CALLS=20000
 while (($#)); do
     case $1 in
     --rounds) ROUNDS=$2; shift ;;
@@ -66,6 +69,7 @@ while (($#)); do
     --with-peers) PEERS=require ;;
     --no-peers) PEERS=no ;;
     --no-uring) URING=no ;;
+    --no-pt) PT=no ;;
     --low-latency) INTENTFS_MOUNT_ARGS="${INTENTFS_MOUNT_ARGS:-} --low-latency" ;;
     --keep) KEEP=1 ;;
     --fs) FS=$2; shift ;;
@@ -103,7 +107,7 @@ if command -v rg >/dev/null; then RG="rg -c fn ."; else RG="grep -r -c fn ."; fi
 # passthrough_hp, the peer: PASSTHROUGH_HP, else built (once; later runs find the binary).
 HP_MODES=(hp_dev hp_dev_pt hp_uring hp_uring_pt)
 declare -A HP_ARGS=([hp_dev]="--nopassthrough" [hp_dev_pt]="" [hp_uring]="-o io_uring --nopassthrough" [hp_uring_pt]="-o io_uring")
-declare -A NAME=([native]=native [intentfs]=intentfs [intentfs_uring]=intentfs-uring [bindfs]=bindfs [hp_dev]=hp-dev [hp_dev_pt]=hp-dev+pt [hp_uring]=hp-uring [hp_uring_pt]=hp-uring+pt)
+declare -A NAME=([native]=native [intentfs]=intentfs [intentfs_uring]=intentfs-uring [intentfs_pt]=intentfs-pt [intentfs_upt]=intentfs-uring-pt [bindfs]=bindfs [hp_dev]=hp-dev [hp_dev_pt]=hp-dev+pt [hp_uring]=hp-uring [hp_uring_pt]=hp-uring+pt)
 HP= HP_WHY=
 if [[ $PEERS != no ]]; then
     if [[ -n ${PASSTHROUGH_HP:-} ]]; then
@@ -155,13 +159,21 @@ if [[ $FS == image ]]; then
         FS=dir
     fi
 fi
-mkdir -p "$fs/native" "$fs/ws/.orchestration" "$fs/wsu/.orchestration" "$fs/bws" "$tmp/umnt"
+mkdir -p "$fs/native" "$fs/ws/.orchestration" "$fs/bws"
+# intentfs variants mounted beside the /dev/fuse one: their mount options, workspaces and
+# mountpoints (the same binary and policy).
+VARIANTS=(intentfs_uring intentfs_pt intentfs_upt)
+declare -A VARGS=([intentfs_uring]="--transport io-uring" [intentfs_pt]="--data passthrough" [intentfs_upt]="--transport io-uring --data passthrough")
+declare -A VWS=([intentfs_uring]=$fs/wsu [intentfs_pt]=$fs/wsp [intentfs_upt]=$fs/wsq)
+declare -A VMNT=([intentfs_uring]=$tmp/umnt [intentfs_pt]=$tmp/pmnt [intentfs_upt]=$tmp/qmnt)
+declare -A VDAEMON VKEY VWHY
+for v in "${VARIANTS[@]}"; do mkdir -p "${VWS[$v]}/.orchestration" "${VMNT[$v]}"; done
 [[ -n $HP ]] && for m in "${HP_MODES[@]}"; do mkdir -p "$fs/$m" "$tmp/m_$m"; done
 # policies/allow-all.yaml (intent ALL, scope **), plus sensitive_read: allow: a real tree
 # has files the default sensitive patterns match (objc2-foundation's NSURLCredential.rs
 # matches `*credential*`, any case), which --approver deny would refuse to read.
 { cat "$root/policies/allow-all.yaml"; printf 'approval:\n  sensitive_read: allow\n'; } >"$fs/ws/.orchestration/active_intents.yaml"
-cp "$fs/ws/.orchestration/active_intents.yaml" "$fs/wsu/.orchestration/"
+for v in "${VARIANTS[@]}"; do cp "$fs/ws/.orchestration/active_intents.yaml" "${VWS[$v]}/.orchestration/"; done
 ledger=$fs/ws/.orchestration/agent_trace.jsonl
 mnt=$tmp/mnt bmnt=$tmp/bmnt
 DAEMON=
@@ -171,11 +183,13 @@ URING_PARAM=/sys/module/fuse/parameters/enable_uring URING_OLD= TRACEFS_MOUNTED=
 
 mounted() { grep -q " $1 " /proc/mounts; }
 # Every FUSE mountpoint of the run, whether mounted yet or not.
-fuse_mounts() { echo "$mnt" "$tmp/umnt" "$bmnt"; for m in "${HP_MODES[@]}"; do echo "$tmp/m_$m"; done; }
+fuse_mounts() { echo "$mnt" "${VMNT[@]}" "$bmnt"; for m in "${HP_MODES[@]}"; do echo "$tmp/m_$m"; done; }
 cleanup() {
     local m pid i up=0
     if mounted "$mnt"; then "$BIN" umount "$mnt" >/dev/null 2>&1 || umount -l "$mnt" 2>/dev/null; fi
-    if mounted "$tmp/umnt"; then "$BIN" umount "$tmp/umnt" >/dev/null 2>&1 || umount -l "$tmp/umnt" 2>/dev/null; fi
+    for m in "${VMNT[@]}"; do
+        if mounted "$m"; then "$BIN" umount "$m" >/dev/null 2>&1 || umount -l "$m" 2>/dev/null; fi
+    done
     if mounted "$bmnt"; then fusermount3 -u "$bmnt" 2>/dev/null || umount -l "$bmnt" 2>/dev/null; fi
     for m in "${HP_MODES[@]}"; do
         if mounted "$tmp/m_$m"; then umount "$tmp/m_$m" 2>/dev/null || umount -l "$tmp/m_$m" 2>/dev/null; fi
@@ -259,26 +273,36 @@ if ((HAVE_BINDFS)); then
     fi
 fi
 
-# intentfs over FUSE-over-io_uring (`--transport io-uring`), beside the /dev/fuse mount:
-# the same binary, its own workspace. The kernel offers the ring only while enable_uring is
-# Y: set for the run, put back by cleanup.
-UDAEMON= UWHY=
-if [[ $URING != no ]]; then
-    if [[ -w $URING_PARAM ]]; then
-        old=$(cat "$URING_PARAM")
-        [[ $old != Y ]] && echo Y >"$URING_PARAM" 2>/dev/null && URING_OLD=$old
-    fi
-    # shellcheck disable=SC2086 # INTENTFS_MOUNT_ARGS: extra mount options, word-split
-    if "$BIN" mount --transport io-uring --intent ALL --approver deny --agent bench ${INTENTFS_MOUNT_ARGS:-} \
-        "$fs/wsu" "$tmp/umnt" >"$logs/mount.uring.out" 2>&1; then
-        ukey=$(printf '%s' "${tmp#/}/umnt" | sed 's/[^A-Za-z0-9.-]/_/g')
-        UDAEMON=$(cat "/run/intentfs/$ukey/pid" 2>/dev/null)
-        TARGETS+=(intentfs_uring) ACC[intentfs_uring]=$tmp/umnt BACK[intentfs_uring]=$fs/wsu
-    else
-        UWHY=$(tail -1 "$logs/mount.uring.out")
-        echo "warning: intentfs --transport io-uring did not mount ($UWHY); going on without it" >&2
-    fi
+# intentfs variants beside the /dev/fuse mount, each on its own workspace: over
+# FUSE-over-io_uring (`--transport io-uring`; the kernel offers the ring only while
+# enable_uring is Y: set for the run, put back by cleanup), with kernel passthrough of file
+# data (`--data passthrough`), and both.
+if [[ $URING != no ]] && [[ -w $URING_PARAM ]]; then
+    old=$(cat "$URING_PARAM")
+    [[ $old != Y ]] && echo Y >"$URING_PARAM" 2>/dev/null && URING_OLD=$old
 fi
+for v in "${VARIANTS[@]}"; do
+    [[ $URING == no && ${VARGS[$v]} == *io-uring* ]] && continue
+    [[ $PT == no && ${VARGS[$v]} == *passthrough* ]] && continue
+    # shellcheck disable=SC2086 # VARGS, INTENTFS_MOUNT_ARGS: mount options, word-split
+    if "$BIN" mount ${VARGS[$v]} --intent ALL --approver deny --agent bench ${INTENTFS_MOUNT_ARGS:-} \
+        "${VWS[$v]}" "${VMNT[$v]}" >"$logs/mount.$v.out" 2>&1; then
+        VKEY[$v]=$(printf '%s' "${VMNT[$v]#/}" | sed 's/[^A-Za-z0-9.-]/_/g')
+        VDAEMON[$v]=$(cat "/run/intentfs/${VKEY[$v]}/pid" 2>/dev/null)
+        # A variant that asked for passthrough and did not get it is not run (it would be
+        # the plain mount again under another name).
+        if [[ ${VARGS[$v]} == *passthrough* ]] && ! grep -q '"data":"passthrough"' <(tr -d ' \n' <"${VMNT[$v]}/.intentfs/status"); then
+            VWHY[$v]="the kernel did not offer FUSE passthrough"
+            "$BIN" umount "${VMNT[$v]}" >/dev/null 2>&1
+            unset "VDAEMON[$v]"
+            continue
+        fi
+        TARGETS+=("$v") ACC[$v]=${VMNT[$v]} BACK[$v]=${VWS[$v]}
+    else
+        VWHY[$v]=$(tail -1 "$logs/mount.$v.out")
+        echo "warning: intentfs ${VARGS[$v]} did not mount (${VWHY[$v]}); going on without it" >&2
+    fi
+done
 
 # passthrough_hp in its four modes. FUSE-over-io_uring is offered by the kernel at INIT
 # only while enable_uring is Y (without it passthrough_hp silently serves /dev/fuse), so
@@ -383,11 +407,13 @@ echo "tree:      ${#crates[@]} crates from $reg, $nfiles files, $tree_mib MiB; x
 names=() && for tg in "${TARGETS[@]}"; do names+=("${NAME[$tg]}"); done
 echo "targets:   ${names[*]}$( ((HAVE_BINDFS)) || echo ' (bindfs not installed: --with-bindfs)')$([[ -n $HP || $PEERS == no ]] || echo " (no passthrough_hp: $HP_WHY)"); $ROUNDS round(s); sequential $SEQ_MIB MiB; search: ${RG%% *}"
 [[ -n ${INTENTFS_MOUNT_ARGS:-} ]] && echo "intentfs mount options: ${INTENTFS_MOUNT_ARGS# }"
-if [[ -n $UDAEMON ]]; then
-    echo "intentfs-uring: $(grep -o 'transport: .*' "/run/intentfs/$ukey/daemon.log" 2>/dev/null | tail -1)"
-elif [[ $URING != no ]]; then
-    echo "intentfs-uring: not run (${UWHY:-no io_uring})"
-fi
+for v in "${VARIANTS[@]}"; do
+    if [[ -n ${VDAEMON[$v]:-} ]]; then
+        echo "${NAME[$v]}: ${VARGS[$v]}: $(grep -o 'transport: .*\|data: .*' "/run/intentfs/${VKEY[$v]}/daemon.log" 2>/dev/null | tr '\n' ' ')"
+    elif [[ -n ${VWHY[$v]:-} ]]; then
+        echo "${NAME[$v]}: not run (${VWHY[$v]})"
+    fi
+done
 if [[ -n $HP ]]; then
     echo "passthrough_hp: $HP (libfuse $(grep -m1 -o "version: *'[0-9.]*'" "$(dirname "$HP")/../../meson.build" 2>/dev/null | grep -o '[0-9.]*' || echo '?'));" \
         "enable_uring $(cat "$URING_PARAM" 2>/dev/null || echo absent)$([[ -n $URING_OLD ]] && echo " for the run (was $URING_OLD; put back at exit)")"
@@ -410,7 +436,7 @@ declare -A REQ_DELTA
 q0=$(requests) q1=$(requests)
 REQ_SELF=$((${q1:-0} - ${q0:-0}))
 # daemon TARGET: the pid of the target's FUSE daemon, when it has one we measure.
-daemon() { case $1 in intentfs) echo "$DAEMON" ;; intentfs_uring) echo "$UDAEMON" ;; hp_*) echo "${HP_PID[$1]:-}" ;; esac; }
+daemon() { case $1 in intentfs) echo "$DAEMON" ;; intentfs_*) echo "${VDAEMON[$1]:-}" ;; hp_*) echo "${HP_PID[$1]:-}" ;; esac; }
 alive() { local p; p=$(daemon "$1"); [[ -z $p ]] || kill -0 "$p" 2>/dev/null; }
 # CPU the process has used (every thread, live or exited), in clock ticks: utime + stime of
 # /proc/<pid>/stat (fields 14 and 15; neither daemon's name has a space in it).
@@ -452,7 +478,7 @@ timed() {
 fail() {
     local msg="$1 on $2 (round $3): $4; repro: $5"
     [[ -s ${6:-} ]] && msg+=$'\n      stderr: '"$(tail -3 "$6" | tr '\n' ' ' | cut -c1-300)"
-    if [[ $2 == hp_* || $2 == intentfs_uring ]] && ! alive "$2"; then
+    if [[ $2 == hp_* || $2 == intentfs_?* ]] && ! alive "$2"; then
         DEAD[$2]=1
         msg+=$'\n      passthrough_hp (pid '"${HP_PID[$2]}"') is gone: see '"$logs/$2.log"
     elif [[ $2 == intentfs ]]; then
@@ -703,7 +729,7 @@ for tg in "${TARGETS[@]}"; do
     [[ $tg == native ]] || printf '%8s' ratio
 done
 ((${#HPS[@]})) && printf '%13s %8s' "best hp" "vs best"
-((${#HPS[@]})) && [[ -n $UDAEMON ]] && printf ' %12s' "uring vs best"
+if ((${#HPS[@]})); then for v in "${VARIANTS[@]}"; do [[ -n ${VDAEMON[$v]:-} ]] && printf ' %18s' "${NAME[$v]#intentfs-} vs best"; done; fi
 echo
 for wl in "${WLS[@]}"; do
     n=$(median "$wl" native) best= bestt=
@@ -719,12 +745,12 @@ for wl in "${WLS[@]}"; do
         fi
     done
     ((${#HPS[@]})) && printf '%13s %8s' "${NAME[$bestt]:--}" "$(ratio "$(median "$wl" intentfs)" "$best")"
-    ((${#HPS[@]})) && [[ -n $UDAEMON ]] && printf ' %12s' "$(ratio "$(median "$wl" intentfs_uring)" "$best")"
+    if ((${#HPS[@]})); then for v in "${VARIANTS[@]}"; do [[ -n ${VDAEMON[$v]:-} ]] && printf ' %18s' "$(ratio "$(median "$wl" "$v")" "$best")"; done; fi
     echo
 done
 echo "(medians over $ROUNDS round(s), ms; ratio = to native; seq = $SEQ_MIB MiB$( ((CAN_DROP)) || echo ', cold reads NOT cold'))"
 ((${#HPS[@]})) && echo "(best hp = the fastest passthrough_hp mode of the workload; vs best = intentfs / that mode's time;"
-((${#HPS[@]})) && echo " uring vs best = intentfs over FUSE-over-io_uring / that mode's time)"
+((${#HPS[@]})) && echo " uring / pt / uring-pt vs best = that intentfs variant / that mode's time)"
 
 # intentfs against its targets, and what each daemon spent on the CPU.
 echo
@@ -777,11 +803,13 @@ for m in "${HPS[@]}"; do
     umount "${ACC[$m]}" 2>"$logs/umount.$m.err" || fail umount "$m" - "umount failed" "umount ${ACC[$m]}" "$logs/umount.$m.err"
 done
 "$BIN" umount "$mnt" >"$logs/umount.out" 2>&1 || fail umount intentfs - "intentfs umount failed" "$BIN umount $mnt" "$logs/umount.out"
-if [[ -n $UDAEMON ]]; then
-    "$BIN" umount "$tmp/umnt" >"$logs/umount.uring.out" 2>&1 || fail umount intentfs_uring - "intentfs umount failed" "$BIN umount $tmp/umnt" "$logs/umount.uring.out"
-    "$BIN" ledger verify --ledger "$fs/wsu/.orchestration/agent_trace.jsonl" >"$logs/verify.uring.txt" 2>&1 ||
-        fail ledger_verify intentfs_uring - "intentfs ledger verify failed" "$BIN ledger verify --ledger $fs/wsu/.orchestration/agent_trace.jsonl" "$logs/verify.uring.txt"
-fi
+for v in "${VARIANTS[@]}"; do
+    [[ -n ${VDAEMON[$v]:-} ]] || continue
+    "$BIN" umount "${VMNT[$v]}" >"$logs/umount.$v.out" 2>&1 || fail umount "$v" - "intentfs umount failed" "$BIN umount ${VMNT[$v]}" "$logs/umount.$v.out"
+    vl=${VWS[$v]}/.orchestration/agent_trace.jsonl
+    "$BIN" ledger verify --ledger "$vl" >"$logs/verify.$v.txt" 2>&1 ||
+        fail ledger_verify "$v" - "intentfs ledger verify failed" "$BIN ledger verify --ledger $vl" "$logs/verify.$v.txt"
+done
 echo "ledger: $(entries) entries"
 if "$BIN" ledger verify --ledger "$ledger" >"$logs/verify.txt" 2>&1; then
     echo "ledger verify: $(grep -m1 '^chain:' "$logs/verify.txt" || tail -1 "$logs/verify.txt")"

@@ -224,6 +224,7 @@ pub fn control(data: &[u8]) {
         nodes: 1,
         open_handles: 0,
         transport: None,
+        data: "daemon",
         counters: serde_json::Value::Null,
         pending: serde_json::json!([]),
     };

@@ -116,6 +116,8 @@ pub struct StatusInfo {
     pub open_handles: usize,
     /// How requests reach the daemon.
     pub transport: Option<String>,
+    /// How regular files' data travels: `daemon` or `passthrough` (`--data`).
+    pub data: &'static str,
     pub counters: serde_json::Value,
     /// Requests waiting for a human.
     pub pending: serde_json::Value,
@@ -199,7 +201,7 @@ pub fn render(
             let v = serde_json::json!({
                 "mount": { "workspace": i.workspace, "mountpoint": i.mountpoint, "policy": i.policy,
                            "policy_reload_error": i.policy_error, "nodes": i.nodes, "open_handles": i.open_handles,
-                           "identity_tracking": ids.tracking(), "transport": i.transport },
+                           "identity_tracking": ids.tracking(), "transport": i.transport, "data": i.data },
                 "identities": idents,
                 "pending_approvals": i.pending,
                 "counters": i.counters,

@@ -19,7 +19,7 @@ use nix::unistd::ForkResult;
 use super::runtime;
 use crate::approval::{Broker, BrokerConfig, Mode};
 use crate::fs::{Fs, FsConfig};
-use crate::fuse::{MountSpec, Mounted, Transport};
+use crate::fuse::{Data, MountSpec, Mounted, Transport};
 use crate::guard::{Guard, Identities, Protected, Rules};
 use crate::ledger::{Ledger, LedgerOptions};
 use crate::policy::{IntentIgnore, Policy};
@@ -114,6 +114,21 @@ pub struct MountArgs {
         env = "INTENTFS_TRANSPORT"
     )]
     pub transport: Transport,
+    /// How regular files' reads and writes travel: `daemon` (each read and write is a
+    /// request the daemon checks and hashes as it goes) or `passthrough` (the kernel reads
+    /// and writes the backing file itself, Linux 6.9+: governance of data is decided at
+    /// open and recorded at close; another identity's write open is refused while one
+    /// holds the file open for writing, WRITE_LEASED; an intent switch is refused while
+    /// the identity holds files open for writing, WRITES_OPEN). See docs/passthrough.md.
+    /// INTENTFS_DATA sets it too.
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = Data::Daemon,
+        value_name = "MODE",
+        env = "INTENTFS_DATA"
+    )]
+    pub data: Data,
     /// Daemon log file [default: the mount's runtime directory, /run/intentfs/...].
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
@@ -139,6 +154,7 @@ impl MountArgs {
             threads: 4,
             low_latency: false,
             transport: Transport::DevFuse,
+            data: Data::Daemon,
             log: None,
         }
     }
@@ -664,6 +680,7 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
         allow_other: plan.args.allow_other,
         threads: plan.args.threads,
         transport: plan.args.transport,
+        data: plan.args.data,
         fsname: format!("intentfs:{}", plan.workspace.display()),
     };
     let mut mounted = Mounted::new(fs.clone(), &plan.mountpoint, &spec)

@@ -102,7 +102,11 @@ impl Gate {
             return FsError::Denied(Box::new(d));
         }
         ident.deny(&d);
-        if d.code != Code::CircuitOpen && ident.count_refusal(self.breaker) {
+        // Waiting for another agent's write lease is coordination, not misbehaviour: it
+        // does not count toward the breaker.
+        if !matches!(d.code, Code::CircuitOpen | Code::WriteLeased)
+            && ident.count_refusal(self.breaker)
+        {
             self.trip(ident, caller);
         }
         self.counters.denials.fetch_add(1, Ordering::Relaxed);

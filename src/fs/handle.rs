@@ -100,6 +100,21 @@ pub struct WriteState {
     pub seq: SeqHash,
     /// Its `CREATE` or `WRITE_BEGIN` is on record.
     pub begun: bool,
+    /// Kernel passthrough of its data (`--data passthrough`): its writes do not reach the
+    /// daemon. Its pre-image and `WRITE_BEGIN` were taken at open; its content is hashed
+    /// at flush (when the file changed) and at release.
+    pub pt: bool,
+    /// The processes (thread group ids) that opened the file through this handle: a
+    /// write the watcher reports from one of them is the handle's own.
+    pub writers: Vec<i32>,
+    /// Writes to the file while this handle was open by processes that are not its
+    /// identity's (outside the mount: the kernel's passthrough writes never carry the
+    /// daemon's pid, so the watcher tells them apart by process), recorded at release.
+    pub outside: Vec<serde_json::Value>,
+    /// Writes by processes gone before the watcher could tell whose they were (a
+    /// short-lived child writing to a descriptor inherited from the agent, or a short-lived
+    /// writer outside the mount): named in the entry, not taken for an outsider's.
+    pub unattributed: Vec<serde_json::Value>,
 }
 
 /// How a handle that may change its file starts.
@@ -118,6 +133,10 @@ pub struct WriteOpen {
     pub prev_hash: Option<String>,
     /// Its `CREATE` or `WRITE_BEGIN` is already on record.
     pub begun: bool,
+    /// Kernel passthrough of its data (see [`WriteState::pt`]).
+    pub pt: bool,
+    /// The thread group id of the process that opened it.
+    pub writer: i32,
 }
 
 impl FileHandle {
@@ -155,6 +174,10 @@ impl FileHandle {
                 last_rel: w.rel,
                 seq: SeqHash::default(),
                 begun: w.begun,
+                pt: w.pt,
+                writers: vec![w.writer],
+                outside: Vec::new(),
+                unattributed: Vec::new(),
             })),
         };
         FileHandle {

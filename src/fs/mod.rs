@@ -199,6 +199,10 @@ pub struct Fs {
     pub watch: std::sync::OnceLock<watch::Watcher>,
     /// Kernel passthrough was negotiated (and has not failed).
     pub passthrough: AtomicBool,
+    /// `--data passthrough` was negotiated: every regular file's reads and writes go to
+    /// the backing file in the kernel, and governance of data moves to open, close,
+    /// truncate, rename and unlink (see `docs/passthrough.md`).
+    pub data_passthrough: AtomicBool,
     /// How requests reach the daemon (`/dev/fuse`, `io-uring (...)`), once mounted.
     pub transport: std::sync::OnceLock<String>,
     /// `--low-latency`: told of every request (`node` is where nearly all of them start).
@@ -229,6 +233,7 @@ impl Fs {
             started: chrono::Utc::now().timestamp(),
             watch: std::sync::OnceLock::new(),
             passthrough: AtomicBool::new(false),
+            data_passthrough: AtomicBool::new(false),
             transport: std::sync::OnceLock::new(),
             low_latency: std::sync::OnceLock::new(),
         })
@@ -253,6 +258,24 @@ impl Fs {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles.lock().insert(fh, h);
         fh
+    }
+
+    /// Kernel passthrough of file data is on (`--data passthrough`, negotiated).
+    pub fn data_passthrough(&self) -> bool {
+        self.data_passthrough.load(Ordering::Relaxed)
+    }
+
+    /// The open write handles of the identity with `key` (with kernel passthrough of data,
+    /// its writes through them no longer reach the daemon).
+    pub(crate) fn write_handles_of(&self, key: &str) -> Vec<Arc<FileHandle>> {
+        self.handles
+            .lock()
+            .values()
+            .filter_map(|h| match h {
+                Handle::File(f) if f.writable && f.identity.key == key => Some(f.clone()),
+                _ => None,
+            })
+            .collect()
     }
 
     pub(crate) fn file_handle(&self, fh: u64) -> Result<Arc<FileHandle>> {

@@ -201,7 +201,8 @@ impl Fs {
             .last_writer
             .lock()
             .get(&(st.st_dev, st.st_ino))
-            .is_some_and(|(k, s)| *k == ident.key && *s == race_stamp(&st));
+            .is_some_and(|(k, s)| *k == ident.key && *s == race_stamp(&st))
+            || self.pt_holds(ident, st.st_dev, st.st_ino);
         if own {
             if let Some(h) = hash_now() {
                 for (vrel, seen) in &views {
@@ -413,6 +414,12 @@ impl Fs {
             if w.expected == Some(cur) {
                 return Ok(());
             }
+            if w.pt && w.outside.is_empty() {
+                // Its own writes moved the stamp without the daemon (the lease keeps other
+                // identities out; the watcher names writers outside the mount).
+                w.expected = Some(cur);
+                return Ok(());
+            }
             w.disturbed = true;
             w.expected
         };
@@ -463,6 +470,11 @@ impl Fs {
         let Some(expected) = h.write_state().and_then(|w| w.expected) else {
             return false;
         };
+        if h.write_state().is_some_and(|w| w.pt) {
+            // Its own writes moved the stamp without the daemon: only what the watcher
+            // saw from other processes counts (recorded in the entry, see `record_write`).
+            return false;
+        }
         let Ok(st) = sys::stat_fd(h.file.as_fd()) else {
             return false;
         };
@@ -528,6 +540,18 @@ impl Fs {
     /// pre-image for line ranges is taken at the first write, see [`Fs::before_modify`]).
     pub(crate) fn prepare_write_handle(&self, h: &FileHandle, rel: &Path) {
         let Some(mut w) = h.write_state() else { return };
+        if w.pt {
+            // Its writes bypass the daemon: the pre-image and the begin were taken at
+            // open, its WRITE is owed from now on, and no write feeds the in-order hash.
+            w.pre_captured = true;
+            w.own_writes = true;
+            w.dirty = w.begun;
+            w.seq.off();
+            if let Ok(st) = sys::stat_fd(h.file.as_fd()) {
+                w.expected = Some(race_stamp(&st));
+            }
+            return;
+        }
         if let Ok(st) = sys::stat_fd(h.file.as_fd()) {
             w.expected = Some(race_stamp(&st));
             if st.st_size == 0 {
@@ -542,6 +566,164 @@ impl Fs {
                 }
             }
         }
+    }
+
+    /// The cross-identity write lease (kernel passthrough of data): while one identity
+    /// holds `node` open for writing, another identity's write open is refused, naming
+    /// the holder. It stands in for the per-write check that no one else wrote in between
+    /// (writes no longer reach the daemon). Called under the file's stale lock, which
+    /// every write open takes: two opens cannot both miss each other.
+    pub(crate) fn check_lease(
+        &self,
+        ident: &Arc<Identity>,
+        caller: &Caller,
+        node: &Node,
+        rel: &Path,
+    ) -> Result<()> {
+        let open: Vec<Arc<FileHandle>> = node
+            .handles
+            .lock()
+            .iter()
+            .filter_map(|w| w.upgrade())
+            .collect();
+        let Some(holder) = open
+            .iter()
+            .find(|h| h.writable && h.identity.key != ident.key)
+        else {
+            return Ok(());
+        };
+        let who = format!(
+            "agent {:?} (intent {}, pid {}, {})",
+            holder.identity.name,
+            holder.identity.intent().as_deref().unwrap_or("none"),
+            holder.caller.pid,
+            crate::guard::identity::proc_name(holder.caller.pid),
+        );
+        let d = Denial::new(
+            Code::WriteLeased,
+            Operation::OpenWrite,
+            rel,
+            ident.intent().as_deref(),
+            format!("{} is open for writing by {who}", rel.display()),
+            format!(
+                "Another agent is changing {} right now. Wait until it closes the file, then \
+                 re-read it and make your change on top of its content.",
+                rel.display()
+            ),
+        );
+        Err(self.gate.deny(ident, caller, d))
+    }
+
+    /// With kernel passthrough of data: whether `ident` holds the file open for writing
+    /// and nothing outside its processes wrote it meanwhile. Its own writes through that
+    /// handle are then the only changes the daemon has not seen (they are on record at its
+    /// flush and release), and they never make it stale against itself. (The write lease
+    /// keeps other identities out while it holds the file.)
+    pub(crate) fn pt_holds(&self, ident: &Identity, dev: u64, ino: u64) -> bool {
+        if !self.data_passthrough() {
+            return false;
+        }
+        let Some(node) = self.table.by_backing(dev, ino) else {
+            return false;
+        };
+        let open: Vec<Arc<FileHandle>> = node
+            .handles
+            .lock()
+            .iter()
+            .filter_map(|w| w.upgrade())
+            .collect();
+        open.iter().any(|h| {
+            h.identity.key == ident.key
+                && h.write_state()
+                    .is_some_and(|w| w.pt && w.outside.is_empty())
+        })
+    }
+
+    /// The watcher saw process `pid` (not the daemon) change `node`'s content. With
+    /// passthrough write handles open on it, that is either one of theirs (the process
+    /// that opened it, or another process of the same granted identity: true, nothing
+    /// for the kernel to drop, it made the change) or a writer outside the mount, which
+    /// each such handle records at release (false).
+    pub(crate) fn pt_write_seen(&self, node: &Node, pid: i32) -> bool {
+        let open: Vec<Arc<FileHandle>> = node
+            .handles
+            .lock()
+            .iter()
+            .filter_map(|w| w.upgrade())
+            .collect();
+        let pt: Vec<&Arc<FileHandle>> = open
+            .iter()
+            .filter(|h| h.write_state().is_some_and(|w| w.pt))
+            .collect();
+        if pt.is_empty() {
+            return false;
+        }
+        let writers: Vec<i32> = pt
+            .iter()
+            .filter_map(|h| h.write_state().map(|w| w.writers.clone()))
+            .flatten()
+            .collect();
+        // The process that opened it, or one it started (a subshell or a command writing
+        // to an inherited descriptor).
+        let lineage = descends_from(pid as u32, &writers);
+        if lineage == Some(true) {
+            return true;
+        }
+        let ident = self.gate.ids.resolve(pid as u32);
+        if lineage.is_some()
+            && ident.key != "default"
+            && pt.iter().any(|h| h.identity.key == ident.key)
+        {
+            return true;
+        }
+        // A process gone before its event was read cannot be told apart: it may have
+        // written through a descriptor it inherited from the agent. It is named, but not
+        // taken for an outsider (the identity's views stay its own).
+        let list = if lineage.is_none() {
+            "unattributed"
+        } else {
+            "outside"
+        };
+        let who = serde_json::json!({
+            "pid": pid,
+            "process": crate::guard::identity::proc_name(pid as u32),
+            "identity": ident.key,
+            "time": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        });
+        for h in pt {
+            if let Some(mut w) = h.write_state() {
+                let v = if list == "outside" {
+                    &mut w.outside
+                } else {
+                    &mut w.unattributed
+                };
+                // One mention per process (a writer's events come in bursts), a few at most.
+                if v.len() < 8 && !v.iter().any(|o| o["pid"] == who["pid"]) {
+                    v.push(who.clone());
+                }
+            }
+        }
+        false
+    }
+
+    /// A passthrough write handle (see [`WriteState::pt`]): whether the file changed since
+    /// its open or its last entry (its writes moved the stamp without the daemon); if so,
+    /// a `WRITE` is owed.
+    pub(crate) fn pt_changed(&self, h: &FileHandle) -> bool {
+        let Some(mut w) = h.write_state() else {
+            return false;
+        };
+        if !w.pt {
+            return false;
+        }
+        let Ok(st) = sys::stat_fd(h.file.as_fd()) else {
+            return false;
+        };
+        if w.expected == Some(race_stamp(&st)) && w.outside.is_empty() {
+            return false;
+        }
+        w.dirty = true;
+        true
     }
 
     /// Before a handle changes the file (write, fallocate, copy_file_range): re-authorize if
@@ -675,6 +857,27 @@ impl Fs {
         // what this handle left when that is known (an empty file after a truncation or a
         // create) and says it was superseded; the identity's views are left alone (taking
         // the other content as its own would hide that change from its stale checks).
+        // A passthrough handle during whose writes processes outside the mount (or of
+        // another identity) wrote the file too: the entry names them, and the content is
+        // not taken as the identity's own view.
+        let outside: Vec<serde_json::Value> = h
+            .write_state()
+            .map(|mut w| std::mem::take(&mut w.outside))
+            .unwrap_or_default();
+        let unattributed: Vec<serde_json::Value> = h
+            .write_state()
+            .map(|mut w| std::mem::take(&mut w.unattributed))
+            .unwrap_or_default();
+        if !unattributed.is_empty() {
+            let d = draft.detail.get_or_insert_with(|| serde_json::json!({}));
+            d["unattributed_writers"] = serde_json::Value::Array(unattributed);
+        }
+        if !outside.is_empty() {
+            let d = draft.detail.get_or_insert_with(|| serde_json::json!({}));
+            d["superseded"] = serde_json::Value::Bool(true);
+            d["outside_writers"] = serde_json::Value::Array(outside.clone());
+            d["note"] = "processes outside the mount wrote the file while this handle had it open; the content there is partly theirs".into();
+        }
         if self.superseded(h) {
             let mut w = h.write_state().ok_or(FsError::Os(libc::EBADF))?;
             let own_writes = w.own_writes;
@@ -744,7 +947,7 @@ impl Fs {
                     self.alias_rels(&h.node)
                 };
                 for alias in names.into_iter().chain(std::iter::once(rel.clone())) {
-                    if !untracked(&alias) {
+                    if !untracked(&alias) && outside.is_empty() {
                         h.identity
                             .saw_own(&alias, h.caller.pid, Seen { stamp, hash: h32 });
                     }
@@ -754,8 +957,12 @@ impl Fs {
                     .and_then(|mut w| w.prev_hash.replace(hash::to_string(&h32)));
             }
         }
-        if let Some(w) = h.write_state() {
+        if let Some(mut w) = h.write_state() {
             with_token(&mut draft, &w);
+            if w.pt {
+                // The next flush records only if the file changes again.
+                w.expected = sys::stat_fd(h.file.as_fd()).ok().map(|st| race_stamp(&st));
+            }
         }
         self.record(&h.identity, &h.caller, MutationType::Write, &rel, draft)
     }
@@ -790,6 +997,24 @@ fn with_token(draft: &mut Draft, w: &WriteState) {
     if let Some(m) = d.as_object_mut() {
         m.insert("handle".into(), w.token.clone().into());
     }
+}
+
+/// Whether `pid` is one of `set` or a descendant of one (a few generations up); None when
+/// the process is gone.
+fn descends_from(pid: u32, set: &[i32]) -> Option<bool> {
+    let mut p = pid;
+    for depth in 0..16 {
+        if set.contains(&(p as i32)) {
+            return Some(true);
+        }
+        match crate::guard::tracking::proc_parent(p) {
+            Some((pp, _)) if pp > 1 => p = pp,
+            Some(_) => return Some(false),
+            None if depth == 0 => return None,
+            None => return Some(false),
+        }
+    }
+    Some(false)
 }
 
 /// Whether a write handle is open on `node`.

@@ -199,7 +199,7 @@ fn run(fs: Weak<Fs>, fan: OwnedFd) {
             if mask & libc::FAN_Q_OVERFLOW != 0 {
                 fs.invalidate_all();
             } else {
-                handle(&fs, mask, pid == me, &ev[meta_len.min(len)..len]);
+                handle(&fs, mask, pid, pid == me, &ev[meta_len.min(len)..len]);
             }
             off += len;
         }
@@ -241,7 +241,7 @@ const CONTENT_ONLY: u64 =
 
 /// One event's info records: find the directory fid and the name. `own`: the daemon made
 /// the change (skipped unless it is one of its own files, see [`Watcher::own`]).
-fn handle(fs: &Fs, mask: u64, own: bool, mut info: &[u8]) {
+fn handle(fs: &Fs, mask: u64, pid: i32, own: bool, mut info: &[u8]) {
     while info.len() >= 4 {
         let ty = info[0];
         let len = ne_u16(&info[2..4]) as usize;
@@ -309,6 +309,17 @@ fn handle(fs: &Fs, mask: u64, own: bool, mut info: &[u8]) {
         if let Ok(dfd) = fs.table.fd(&dir) {
             if let Ok(st) = sys::stat_at(std::os::fd::AsFd::as_fd(&*dfd), name) {
                 if let Some(child) = fs.table.by_backing(st.st_dev, st.st_ino) {
+                    // With kernel passthrough of data, an agent's writes through the mount
+                    // reach the backing file from the agent's own process: the kernel
+                    // made them and knows. A writer outside the mount is noted on the
+                    // open write handles (recorded at their release).
+                    let pt_own = mask & libc::FAN_MODIFY != 0
+                        && fs.data_passthrough()
+                        && fs.pt_write_seen(&child, pid)
+                        && mask & !(libc::FAN_MODIFY | libc::FAN_EVENT_ON_CHILD) == 0;
+                    if pt_own {
+                        continue;
+                    }
                     inval.inval_inode(child.nodeid);
                 }
             }

@@ -35,6 +35,8 @@ pub struct FuseFs {
     pt: Arc<Passthrough>,
     /// Ask INIT for FUSE-over-io_uring (`--transport io-uring` or `auto`).
     uring: bool,
+    /// How regular files' reads and writes travel (`--data`).
+    data: Data,
 }
 
 impl FuseFs {
@@ -111,19 +113,36 @@ impl Filesystem for FuseFs {
             let _ = config.add_capabilities(InitFlags::FUSE_OVER_IO_URING);
         }
         let _ = config.set_max_write(MAX_IO);
-        // Kernel passthrough for read-only opens (FUSE_PASSTHROUGH needs a backing stack
-        // depth of at least 1). Opt-in (INTENTFS_PASSTHROUGH=1): kernel 6.18 answers EIO to
-        // a non-passthrough (write) open of an inode while a passthrough reader holds it
-        // open, even with FOPEN_DIRECT_IO, and writes must stay daemon-handled.
-        if config.capabilities().contains(InitFlags::FUSE_PASSTHROUGH)
-            && std::env::var_os("INTENTFS_PASSTHROUGH").is_some_and(|v| v == "1")
+        // Kernel passthrough (FUSE_PASSTHROUGH needs a backing stack depth of at least 1).
+        // `--data passthrough`: every regular file's reads and writes (and mmap) go to the
+        // backing file in the kernel; the daemon decides at open and records at close.
+        // INTENTFS_PASSTHROUGH=1 (a measurement aid): read-only opens only (kernel 6.18
+        // answers EIO to a non-passthrough open of an inode a passthrough reader holds
+        // open, even with FOPEN_DIRECT_IO).
+        let reads_only = std::env::var_os("INTENTFS_PASSTHROUGH").is_some_and(|v| v == "1");
+        let wanted = self.data == Data::Passthrough || reads_only;
+        if wanted
+            && config.capabilities().contains(InitFlags::FUSE_PASSTHROUGH)
             && config.set_max_stack_depth(1).is_ok()
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
         {
-            self.fs
-                .passthrough
-                .store(true, std::sync::atomic::Ordering::Relaxed);
+            use std::sync::atomic::Ordering::Relaxed;
+            self.fs.passthrough.store(true, Relaxed);
+            if self.data == Data::Passthrough {
+                self.fs.data_passthrough.store(true, Relaxed);
+            }
+        } else if self.data == Data::Passthrough {
+            tracing::warn!(
+                "--data passthrough: the kernel does not offer FUSE passthrough \
+                 (CONFIG_FUSE_PASSTHROUGH, Linux 6.9+); reads and writes go through the daemon"
+            );
         }
+        let what = if self.fs.data_passthrough() {
+            "passthrough"
+        } else {
+            "daemon"
+        };
+        tracing::info!("data: {what}");
         Ok(())
     }
 
@@ -618,16 +637,7 @@ impl Filesystem for FuseFs {
             Op::Create,
             reply,
             move |fs| fs.create(&c, parent.0, &name, mode, umask, flags),
-            move |r, (e, fh, o)| {
-                let io = pt.created(e.nodeid, fh);
-                r.created(
-                    &fs2.ttl(),
-                    &attr(e.nodeid, &e.st),
-                    Generation(0),
-                    FileHandle(fh),
-                    fopen(o) | io,
-                )
-            },
+            move |r, (e, fh, o)| pt.reply_create(&fs2, r, &e, fh, o),
         );
     }
 
@@ -726,11 +736,26 @@ pub enum Transport {
 /// once, including those parked on an approval. Each has a 1 MiB payload buffer.
 const RING_ENTRIES: usize = 8;
 
+/// How regular files' reads and writes travel (`--data`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Data {
+    /// Every read and write is a request the daemon serves and checks (each write is
+    /// judged against other identities' writes; the content is hashed as it is written).
+    Daemon,
+    /// Kernel passthrough (Linux 6.9+, CONFIG_FUSE_PASSTHROUGH): the kernel reads and
+    /// writes the backing file itself. Scope, approvals and staleness are decided at open;
+    /// another identity's write open is refused while one holds the file open for writing
+    /// (WRITE_LEASED); the content is hashed at close. Falls back to `daemon` when the
+    /// kernel does not offer it.
+    Passthrough,
+}
+
 /// Mount options and session settings for a governed mount.
 pub struct MountSpec {
     pub allow_other: bool,
     pub threads: usize,
     pub transport: Transport,
+    pub data: Data,
     pub fsname: String,
 }
 
@@ -837,6 +862,7 @@ impl Mounted {
             fs: fs.clone(),
             pt: Arc::default(),
             uring: spec.transport != Transport::DevFuse,
+            data: spec.data,
         };
         let mut session = fuser::Session::new(ffs, mountpoint, &cfg)?;
         start_transport(&fs, &mut session, spec.transport)?;

@@ -40,29 +40,8 @@ impl Passthrough {
         }
         let mut inodes = self.inodes.lock();
         let e = inodes.entry(ino).or_default();
-        if o.passthrough
-            && e.cached == 0
-            && fs.passthrough.load(std::sync::atomic::Ordering::Relaxed)
-        {
-            let bid = match &e.backing {
-                Some(b) => Some(b.clone()),
-                None => match fs.backing_file(ino).and_then(|f| Ok(r.open_backing(&f)?)) {
-                    Ok(b) => {
-                        let b = Arc::new(b);
-                        e.backing = Some(b.clone());
-                        Some(b)
-                    }
-                    Err(err) => {
-                        tracing::info!(
-                            "kernel passthrough unavailable ({err:?}): the daemon serves reads"
-                        );
-                        fs.passthrough
-                            .store(false, std::sync::atomic::Ordering::Relaxed);
-                        None
-                    }
-                },
-            };
-            if let Some(b) = bid {
+        if o.passthrough {
+            if let Some(b) = self.backing(fs, e, ino, |f| r.open_backing(f)) {
                 e.passthrough += 1;
                 drop(inodes);
                 self.handles.lock().insert(fh, (ino, Io::Passthrough));
@@ -84,19 +63,67 @@ impl Passthrough {
         r.opened(FileHandle(fh), flags);
     }
 
-    /// The I/O mode a create's handle gets (a new inode: never passthrough).
-    pub(super) fn created(&self, ino: u64, fh: u64) -> FopenFlags {
+    /// The backing id of `ino` for a passthrough open, registered on first use; None when
+    /// the inode has caching opens (the kernel's I/O mode rule) or passthrough failed
+    /// (then the daemon serves I/O from now on).
+    fn backing(
+        &self,
+        fs: &Fs,
+        e: &mut PtInode,
+        ino: u64,
+        register: impl FnOnce(&std::fs::File) -> std::io::Result<fuser::BackingId>,
+    ) -> Option<Arc<fuser::BackingId>> {
+        if e.cached > 0 || !fs.passthrough.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        if let Some(b) = &e.backing {
+            return Some(b.clone());
+        }
+        match fs.backing_file(ino).and_then(|f| Ok(register(&f)?)) {
+            Ok(b) => {
+                let b = Arc::new(b);
+                e.backing = Some(b.clone());
+                Some(b)
+            }
+            Err(err) => {
+                tracing::warn!("kernel passthrough unavailable ({err:?}): the daemon serves I/O");
+                fs.passthrough
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                fs.data_passthrough
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Answer a create: passthrough when the handle's data may bypass the daemon
+    /// (`--data passthrough`), else the daemon serves its I/O.
+    pub(super) fn reply_create(&self, fs: &Fs, r: ReplyCreate, e: &Entry, fh: u64, o: OpenOpts) {
+        let ttl = fs.ttl();
+        let at = attr(e.nodeid, &e.st);
+        let mut flags = fopen(o);
         let mut inodes = self.inodes.lock();
-        let e = inodes.entry(ino).or_default();
-        let (io, f) = if e.passthrough > 0 {
-            (Io::Direct, FopenFlags::FOPEN_DIRECT_IO)
+        let pe = inodes.entry(e.nodeid).or_default();
+        if o.passthrough {
+            if let Some(b) = self.backing(fs, pe, e.nodeid, |f| r.open_backing(f)) {
+                pe.passthrough += 1;
+                drop(inodes);
+                self.handles.lock().insert(fh, (e.nodeid, Io::Passthrough));
+                flags.remove(FopenFlags::FOPEN_KEEP_CACHE);
+                r.created_passthrough(&ttl, &at, Generation(0), FileHandle(fh), flags, &b);
+                return;
+            }
+        }
+        let io = if pe.passthrough > 0 {
+            flags |= FopenFlags::FOPEN_DIRECT_IO;
+            Io::Direct
         } else {
-            e.cached += 1;
-            (Io::Cached, FopenFlags::empty())
+            pe.cached += 1;
+            Io::Cached
         };
         drop(inodes);
-        self.handles.lock().insert(fh, (ino, io));
-        f
+        self.handles.lock().insert(fh, (e.nodeid, io));
+        r.created(&ttl, &at, Generation(0), FileHandle(fh), flags)
     }
 
     pub(super) fn release(&self, fh: u64) {

@@ -428,6 +428,21 @@ pub(crate) fn read_proc(pid: u32, file: &str, buf: &mut [u8]) -> Option<usize> {
     std::io::Read::read(&mut f, buf).ok()
 }
 
+/// The process (thread group id) a thread belongs to; the thread's own id when `/proc`
+/// does not say (FUSE requests carry the calling thread's id, fanotify events the
+/// process's).
+pub fn tgid_of(tid: u32) -> u32 {
+    let mut buf = [0u8; 512];
+    let Some(n) = read_proc(tid, "status", &mut buf) else {
+        return tid;
+    };
+    String::from_utf8_lossy(&buf[..n])
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(tid)
+}
+
 /// The process name of a pid, for the ledger (empty when not visible). From
 /// `/proc/<pid>/comm`, which the kernel answers without gathering the rest of `stat`
 /// (a third of the cost of naming the process in every ledger entry).

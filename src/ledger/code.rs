@@ -23,6 +23,14 @@ pub enum Code {
     /// The audit ledger cannot be written (disk full, failing): every mutation is refused
     /// until it can, so nothing is acknowledged without its entry.
     LedgerUnwritable,
+    /// With kernel passthrough of file data (`--data passthrough`): another identity holds
+    /// the file open for writing (the cross-identity write lease), so this write open is
+    /// refused until it closes.
+    WriteLeased,
+    /// With kernel passthrough of file data: an intent switch while the identity holds
+    /// files open for writing (their writes were authorized under the old intent and no
+    /// longer reach the daemon to be re-checked).
+    WritesOpen,
 }
 
 impl Code {
@@ -38,6 +46,8 @@ impl Code {
             Code::CircuitOpen => "CIRCUIT_OPEN",
             Code::InvalidIntent => "INVALID_INTENT",
             Code::LedgerUnwritable => "LEDGER_UNWRITABLE",
+            Code::WriteLeased => "WRITE_LEASED",
+            Code::WritesOpen => "WRITES_OPEN",
         }
     }
 }

@@ -2,6 +2,7 @@
 //! handshake (see [`crate::control`]).
 
 use super::*;
+use crate::guard::{Code, Denial};
 
 impl Fs {
     pub(super) fn open_ctl(
@@ -45,6 +46,11 @@ impl Fs {
             nodes: self.table.len(),
             open_handles: self.table.open_handles(),
             transport: self.transport.get().cloned(),
+            data: if self.data_passthrough() {
+                "passthrough"
+            } else {
+                "daemon"
+            },
             pending: match &self.gate.approver {
                 crate::fs::approve::Approver::Human(b) => {
                     serde_json::to_value(b.pending()).unwrap_or_default()
@@ -87,6 +93,9 @@ impl Fs {
         c.written[off..off + data.len()].copy_from_slice(data);
         let text = String::from_utf8_lossy(&c.written).into_owned();
         let ident = self.gate.ids.resolve(caller.pid);
+        if c.file == CtlFile::Intent && self.data_passthrough() {
+            self.check_no_writes_open(&ident, caller)?;
+        }
         let rules = self.gate.guard.rules();
         match control::apply_write(c.file, &ident, &rules.policy, &text) {
             Ok(None) => Ok(data.len()),
@@ -119,5 +128,45 @@ impl Fs {
                 err(errno)
             }
         }
+    }
+}
+
+impl Fs {
+    /// With kernel passthrough of data, an identity's writes through handles it holds
+    /// open never reach the daemon to be re-checked, so it cannot switch intent while it
+    /// holds any: the writes would land under the old intent's decision but be recorded
+    /// under the new one.
+    fn check_no_writes_open(&self, ident: &Arc<Identity>, caller: &Caller) -> Result<()> {
+        let open = self.write_handles_of(&ident.key);
+        if open.is_empty() {
+            return Ok(());
+        }
+        let mut names: Vec<String> = open
+            .iter()
+            .map(|h| {
+                let rel = self.display_rel(&h.node);
+                format!("{} (pid {})", rel.display(), h.caller.pid)
+            })
+            .collect();
+        names.sort();
+        names.dedup();
+        let shown = names.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+        let more = names.len().saturating_sub(5);
+        let list = if more > 0 {
+            format!("{shown} and {more} more")
+        } else {
+            shown
+        };
+        let d = Denial::new(
+            Code::WritesOpen,
+            Operation::SelectIntent,
+            Path::new(".intentfs/intent"),
+            ident.intent().as_deref(),
+            format!("this agent holds files open for writing: {list}"),
+            "Close the files you have open for writing (finish or stop the commands writing \
+             them), then select the new intent."
+                .to_string(),
+        );
+        Err(self.gate.deny(ident, caller, d))
     }
 }

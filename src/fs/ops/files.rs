@@ -32,20 +32,32 @@ impl Fs {
         };
         let (ident, write_rels) = self.authorize_open(caller, &node, flags)?;
         let write_rel = write_rels.as_ref().map(|r| r[0].clone());
+        // With kernel passthrough of data, this handle's writes will not reach the daemon:
+        // everything they would have been checked for is decided now (a rebase todo list
+        // stays daemon-handled: each of its writes is checked as text).
+        let pt = write_rel
+            .as_ref()
+            .is_some_and(|rel| self.data_passthrough() && !crate::fs::gitrefs::is_rebase_todo(rel));
+        if let (true, Some(rel)) = (pt, &write_rel) {
+            self.check_lease(&ident, caller, &node, rel)?;
+        }
         let fd = self.fd(&node)?;
         // O_TRUNC empties the file inside the open: keep the old content first (line
-        // ranges), and put the change on record before it lands.
-        let (pre, pre_hash) = if truncates {
+        // ranges), and put the change on record before it lands. So does a passthrough
+        // write open: its first byte lands without the daemon.
+        let (pre, pre_hash) = if truncates || pt {
             self.content_before(fd.as_fd())
         } else {
             (None, None)
         };
         let token = uuid::Uuid::new_v4().to_string();
-        if let (true, Some(rel)) = (truncates, &write_rel) {
+        if let (true, Some(rel)) = (truncates || pt, &write_rel) {
             self.record_begin(&ident, caller, rel, pre_hash.clone(), &token)?;
         }
         let file = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), flags)?;
-        if truncates && caller.uid != 0 {
+        // Set-user-ID goes when content changes; with passthrough the kernel writes as the
+        // daemon (which keeps it), so a write open drops it up front.
+        if (truncates || pt) && caller.uid != 0 {
             self.kill_suidgid(file.as_fd(), caller);
         }
         let open_intent = h_intent(&write_rel, &ident);
@@ -58,7 +70,9 @@ impl Fs {
             truncated: truncates,
             pre_image: pre,
             prev_hash: pre_hash,
-            begun: truncates,
+            begun: truncates || pt,
+            pt,
+            writer: crate::guard::identity::tgid_of(caller.pid) as i32,
         });
         let h = FileHandle::new(
             file,
@@ -73,7 +87,11 @@ impl Fs {
             Some(rel) => {
                 *h.node.last_open.lock() = None;
                 self.prepare_write_handle(&h, rel);
-                (false, false)
+                if pt && acc == libc::O_RDWR {
+                    // Its reads bypass the daemon too: what it sees is recorded now.
+                    self.record_read_provisional(&h, caller.pid);
+                }
+                (false, pt)
             }
             None => self.read_only_open(&h, caller),
         };
@@ -269,9 +287,12 @@ impl Fs {
                 pre_image: None,
                 prev_hash: None,
                 begun: true,
+                pt: self.data_passthrough() && !crate::fs::gitrefs::is_rebase_todo(&rel),
+                writer: crate::guard::identity::tgid_of(caller.pid) as i32,
             }),
         );
         self.prepare_write_handle(&h, &rel);
+        let pt = h.write_state().is_some_and(|w| w.pt);
         let h = Arc::new(h);
         self.note_open(&h);
         let fh = self.add_handle(Handle::File(h));
@@ -281,7 +302,10 @@ impl Fs {
                 st,
             },
             fh,
-            OpenOpts::default(),
+            OpenOpts {
+                passthrough: pt,
+                ..OpenOpts::default()
+            },
         ))
     }
 
@@ -417,7 +441,7 @@ impl Fs {
         // Only a handle that wrote since its last entry records here: `echo x > f` closes a
         // duplicate of the truncating fd before writing, which must not make an entry of
         // the empty file. A truncate-only or create-only handle records at release.
-        if h.write_state().is_some_and(|w| w.wrote) {
+        if h.write_state().is_some_and(|w| w.wrote) || self.pt_changed(&h) {
             self.record_write_noting(&h)?;
         }
         Ok(())
@@ -452,6 +476,9 @@ impl Fs {
 
     pub fn release(&self, fh: u64) -> Result<()> {
         if let Some(Handle::File(h)) = self.take_handle(fh) {
+            // A passthrough handle's last changes (a shared mapping is written until it
+            // goes, and it goes before the release) are hashed now.
+            self.pt_changed(&h);
             let r = self.record_write_noting(&h);
             self.handle_closed(&h);
             r?;
