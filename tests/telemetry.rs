@@ -69,8 +69,17 @@ impl Receiver {
                     })
                     .collect();
                 r.lock().unwrap().push((rq.url().to_string(), headers));
-                let req = ExportLogsServiceRequest::decode(body.as_slice())
-                    .expect("the body is not an OTLP ExportLogsServiceRequest");
+                // OTLP/HTTP's two encodings, told apart by the content type.
+                let json = rq.headers().iter().any(|h| {
+                    h.field.equiv("Content-Type") && h.value.as_str() == "application/json"
+                });
+                let req: ExportLogsServiceRequest = if json {
+                    serde_json::from_slice(&body)
+                        .expect("the body is not an OTLP/JSON ExportLogsServiceRequest")
+                } else {
+                    ExportLogsServiceRequest::decode(body.as_slice())
+                        .expect("the body is not an OTLP ExportLogsServiceRequest")
+                };
                 for rl in req.resource_logs {
                     let resource = rl.resource.map(|r| r.attributes).unwrap_or_default();
                     for sl in rl.scope_logs {
@@ -364,6 +373,38 @@ fn ledger_export_otlp_sends_the_whole_ledger_with_the_standard_variables() {
         "the OTEL_EXPORTER_OTLP_HEADERS header on every request: {:?}",
         rx.requests.lock().unwrap()
     );
+
+    // OTLP/JSON, to a logs URL given whole (used as it is: no /v1/logs added).
+    let rx_json = Receiver::start();
+    let out = intentfs()
+        .args(["ledger", "export", "--otlp", "--json"])
+        .arg(&tm.ws)
+        .env(
+            "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+            format!("{}/ingest/logs", rx_json.base),
+        )
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["protocol"], "http/json", "{report:#}");
+    assert_records_match(&rx_json.records(), &ledger);
+    for (path, headers) in rx_json.requests.lock().unwrap().iter() {
+        assert_eq!(path, "/ingest/logs");
+        assert!(
+            headers
+                .iter()
+                .any(|(k, v)| k == "content-type" && v == "application/json"),
+            "{headers:?}"
+        );
+    }
 
     // --since: nothing is that recent; then the last hour is everything.
     let rx2 = Receiver::start();

@@ -21,7 +21,7 @@ pub mod record;
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -619,10 +619,4 @@ pub fn export_file(
         failed: stats.failed.load(Ordering::Relaxed),
         last_error,
     })
-}
-
-/// The default ledger's workspace, for the resource attribute of an export.
-pub fn workspace_of_ledger(ledger: &Path) -> Option<PathBuf> {
-    let dir = ledger.parent()?;
-    (dir.file_name()? == ".orchestration").then(|| dir.parent().map(Path::to_path_buf))?
 }
