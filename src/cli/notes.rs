@@ -26,9 +26,10 @@ they wrote), then a blank line, then the commit's Agent Trace record as one line
 from the ledger get no note. Re-running rewrites only notes whose content changed.
 Share notes with `git push origin refs/notes/intentfs`.")]
 pub struct NotesArgs {
-    /// `[REV-RANGE] [WORKSPACE]`: the commits (a `git log` range like `main..HEAD` or one
-    /// commit; default: the commits of HEAD made since the ledger's first entry) and the
-    /// workspace (default: the one the current directory is in).
+    /// `[REV-RANGE] [WORKSPACE]`: the commits, as `git log` takes them (`main..HEAD`,
+    /// `HEAD~3..`; one commit means it and its ancestors) [default: the commits of HEAD made
+    /// since the ledger's first entry], and the workspace [default: the one the current
+    /// directory is in].
     #[arg(num_args = 0..=2, value_name = "ARG")]
     pub args: Vec<String>,
     /// The notes ref (`intentfs` stands for `refs/notes/intentfs`).

@@ -447,7 +447,8 @@ impl Follower {
             wake: Some(wake_tx),
             follow: Some(follow),
             export: Some(export),
-            flush_limit: cfg.timeout + Duration::from_secs(1),
+            // At most 5 s: `intentfs umount` waits 15 s for the daemon to finish.
+            flush_limit: (cfg.timeout + Duration::from_secs(1)).min(Duration::from_secs(5)),
         })
     }
 
@@ -457,7 +458,7 @@ impl Follower {
     }
 
     /// Exports what was appended since the last look (the UNMOUNT entry, say), waits for
-    /// the queue to drain (at most one request timeout and a second: a dead collector does
+    /// the queue to drain (one request timeout and a second, 5 s at most: a dead collector does
     /// not hold the unmount), and logs the totals.
     pub fn finish(mut self) {
         self.stop.store(true, Ordering::Relaxed);
