@@ -48,7 +48,11 @@ struct Receiver {
 
 impl Receiver {
     fn start() -> Receiver {
-        let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
+        Receiver::on("127.0.0.1:0")
+    }
+
+    fn on(addr: &str) -> Receiver {
+        let server = tiny_http::Server::http(addr).unwrap();
         let port = server.server_addr().to_ip().unwrap().port();
         let got = Arc::new(Mutex::new(Vec::new()));
         let requests = Arc::new(Mutex::new(Vec::new()));
@@ -546,6 +550,49 @@ fn a_dead_collector_neither_slows_nor_blocks_the_mount_and_the_loss_is_counted()
         log.lines()
             .any(|l| l.contains("OTLP: 0 record(s) exported") && l.contains("dropped")),
         "no summary of the loss in the daemon log:\n{log}"
+    );
+}
+
+/// A collector that is down at first and comes back: what could not be sent is counted as
+/// failed, and the export goes on with what is written after it returned.
+#[test]
+fn a_collector_that_comes_back_gets_the_later_records() {
+    let free = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap().port();
+    drop(free);
+    let tm = TestMount::builder()
+        .policy(ALLOW_ALL)
+        .intent("ALL")
+        .agent("patient")
+        .arg("--otlp")
+        .arg(format!("http://127.0.0.1:{port}"))
+        .env("OTEL_EXPORTER_OTLP_TIMEOUT", "1000")
+        .env("OTEL_BLRP_SCHEDULE_DELAY", "100")
+        .mount();
+    tm.sh_ok("echo 1 > before.txt");
+    let mut otlp = Value::Null;
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            otlp = tm.status()["counters"]["otlp"].clone();
+            otlp["failed"].as_u64().unwrap_or(0) > 0
+        }),
+        "nothing counted as failed with nobody listening: {otlp:#}"
+    );
+    assert!(otlp["last_error"].is_string(), "{otlp:#}");
+    let rx = Receiver::on(&format!("127.0.0.1:{port}"));
+    tm.sh_ok("echo 2 > after.txt");
+    assert!(
+        wait_until(Duration::from_secs(15), || rx.records().iter().any(|g| {
+            attr_str(&g.record.attributes, "file.path").as_deref() == Some("after.txt")
+        })),
+        "the record of after.txt never arrived: {:#?}",
+        tm.status()["counters"]["otlp"]
+    );
+    assert!(
+        tm.status()["counters"]["otlp"]["exported"]
+            .as_u64()
+            .unwrap()
+            > 0
     );
 }
 

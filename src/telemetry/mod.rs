@@ -299,6 +299,7 @@ fn export_loop(
     rx: Receiver<SdkLogRecord>,
     cfg: Config,
     stats: Arc<Stats>,
+    give_up: bool,
 ) {
     let mut last_warn: Option<Instant> = None;
     // The first record of a batch, then more until the batch is full or has waited the
@@ -334,6 +335,13 @@ fn export_loop(
                     );
                 }
                 *stats.last_error.lock() = Some(msg);
+                // An export of a whole ledger stops at the first refusal rather than wait a
+                // timeout for each of its batches; the rest is counted as not sent.
+                if give_up {
+                    let rest = rx.iter().count() as u64;
+                    stats.failed.fetch_add(rest, Ordering::Relaxed);
+                    break;
+                }
             }
         }
     }
@@ -423,7 +431,7 @@ impl Follower {
             let (cfg, stats) = (cfg.clone(), stats.clone());
             std::thread::Builder::new()
                 .name("intentfs-otlp-export".into())
-                .spawn(move || export_loop(exporter, scope, rx, cfg, stats))
+                .spawn(move || export_loop(exporter, scope, rx, cfg, stats, false))
                 .map_err(|e| ConfigError::Build(format!("starting the export thread: {e}")))?
         };
         let stop = Arc::new(AtomicBool::new(false));
@@ -594,7 +602,7 @@ pub fn export_file(
         };
         std::thread::Builder::new()
             .name("intentfs-otlp-export".into())
-            .spawn(move || export_loop(exporter, scope, rx, cfg, stats))
+            .spawn(move || export_loop(exporter, scope, rx, cfg, stats, true))
             .map_err(|e| ConfigError::Build(format!("starting the export thread: {e}")))?
     };
     let mut entries = 0u64;
