@@ -55,9 +55,29 @@ pub struct Contribution {
     pub intent_id: Option<String>,
     pub agent: Option<String>,
     /// Merged line ranges of the committed file.
+    #[serde(serialize_with = "ser_ranges")]
     pub ranges: Vec<(u32, u32)>,
     /// The ledger entries the lines come from.
     pub entry_ids: Vec<String>,
+}
+
+/// Lines of one file a commit changed that the ledger does not account for.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Unattributed {
+    pub path: String,
+    #[serde(serialize_with = "ser_ranges")]
+    pub ranges: Vec<(u32, u32)>,
+}
+
+/// Ranges as the ledger and Agent Trace write them: `{"start_line": 1, "end_line": 3}`.
+fn ser_ranges<S: serde::Serializer>(r: &[(u32, u32)], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(
+        r.iter()
+            .map(|&(start_line, end_line)| super::entry::LineRange {
+                start_line,
+                end_line,
+            }),
+    )
 }
 
 /// What the ledger says about a commit.
@@ -68,8 +88,8 @@ pub struct CommitAttribution {
     pub timestamp: String,
     /// By path, then intent and agent.
     pub contributions: Vec<Contribution>,
-    /// Changed lines the ledger does not account for: (path, ranges).
-    pub unattributed: Vec<(String, Vec<(u32, u32)>)>,
+    /// Changed lines the ledger does not account for.
+    pub unattributed: Vec<Unattributed>,
 }
 
 impl CommitAttribution {
@@ -201,7 +221,10 @@ pub fn attribute_commits(
                     });
                 }
                 if !none.is_empty() {
-                    unattributed.push((f.path.clone(), to_ranges(&none)));
+                    unattributed.push(Unattributed {
+                        path: f.path.clone(),
+                        ranges: to_ranges(&none),
+                    });
                 }
             }
             CommitAttribution {
@@ -279,7 +302,8 @@ pub fn record(a: &CommitAttribution) -> Value {
             "entry_ids": c.entry_ids,
         }));
     }
-    for (path, r) in &a.unattributed {
+    for u in &a.unattributed {
+        let (path, r) = (&u.path, &u.ranges);
         let i = slot(&mut files, path);
         files[i].1.push(json!({
             "contributor": { "type": "unknown" },
@@ -334,7 +358,7 @@ pub fn note_text(a: &CommitAttribution) -> String {
         let items: Vec<String> = a
             .unattributed
             .iter()
-            .map(|(p, r)| format!("{p}:{}", ranges_text(r)))
+            .map(|u| format!("{}:{}", u.path, ranges_text(&u.ranges)))
             .collect();
         s.push_str(&format!("not in the ledger: {}\n", items.join(" ")));
     }
@@ -471,7 +495,16 @@ mod tests {
         );
         assert_eq!(
             a.unattributed,
-            vec![("f.rs".into(), vec![(5, 5)]), ("g.rs".into(), vec![(2, 3)])]
+            vec![
+                Unattributed {
+                    path: "f.rs".into(),
+                    ranges: vec![(5, 5)]
+                },
+                Unattributed {
+                    path: "g.rs".into(),
+                    ranges: vec![(2, 3)]
+                }
+            ]
         );
         let text = note_text(a);
         assert!(
@@ -502,5 +535,11 @@ mod tests {
             text,
             "the same attribution gives the same note"
         );
+        let json = serde_json::to_value(a).unwrap();
+        assert_eq!(
+            json["contributions"][0]["ranges"],
+            json!([{"start_line": 1, "end_line": 2}, {"start_line": 4, "end_line": 4}])
+        );
+        assert_eq!(json["unattributed"][1]["path"], "g.rs");
     }
 }
