@@ -1,4 +1,4 @@
-//! `intentfs ledger verify` and `intentfs ledger export --agent-trace`: the audit
+//! `intentfs ledger verify` and `intentfs ledger export --agent-trace | --otlp`: the audit
 //! commands over a ledger file. Argument parsing and printing only; the work is in
 //! [`crate::ledger`].
 
@@ -62,12 +62,40 @@ pub struct VerifyArgs {
     pub json: bool,
 }
 
-/// `intentfs ledger export --agent-trace [WORKSPACE] [--ledger FILE]`
+/// `intentfs ledger export (--agent-trace | --otlp [ENDPOINT]) [WORKSPACE] [--ledger FILE]`
 #[derive(Debug, clap::Args)]
+#[command(after_long_help = "EXAMPLES:
+  intentfs ledger export --agent-trace ./project > trace.jsonl
+  intentfs ledger export --otlp=http://localhost:4318 ./project
+  OTEL_EXPORTER_OTLP_ENDPOINT=https://otel.example:4318 \\
+    OTEL_EXPORTER_OTLP_HEADERS='authorization=Bearer xyz' intentfs ledger export --otlp --since 1d
+
+--otlp sends one OpenTelemetry log record per entry over OTLP/HTTP (docs/telemetry.md):
+--otlp=ENDPOINT is the collector's base URL (/v1/logs is added), like OTEL_EXPORTER_OTLP_ENDPOINT;
+without it the OTEL_EXPORTER_OTLP_* variables decide (default http://localhost:4318).
+Exits 1 when the collector did not take every record.")]
+#[command(group(clap::ArgGroup::new("format").required(true).multiple(false)))]
 pub struct ExportArgs {
-    /// Agent Trace records, one JSON object per WRITE entry (the only format so far).
-    #[arg(long = "agent-trace", required = true)]
+    /// Agent Trace records on stdout, one JSON object per WRITE entry.
+    #[arg(long = "agent-trace", group = "format")]
     pub agent_trace: bool,
+    /// Send every entry as an OpenTelemetry log record over OTLP/HTTP, to ENDPOINT (a base
+    /// URL: `--otlp=http://host:4318`) or where the OTEL_EXPORTER_OTLP_* variables say.
+    #[arg(
+        long,
+        value_name = "ENDPOINT",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "",
+        group = "format"
+    )]
+    pub otlp: Option<String>,
+    /// With --otlp: only entries at or after TIME (RFC 3339, or 30s, 10m, 2h, 3d, 1w ago).
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+    /// With --otlp: print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
     /// The workspace (default: the current directory).
     pub workspace: Option<PathBuf>,
     /// The ledger file (default: WORKSPACE/.orchestration/agent_trace.jsonl).
@@ -299,13 +327,58 @@ fn print_human(
 }
 
 fn export(a: ExportArgs) -> anyhow::Result<ExitCode> {
-    debug_assert!(a.agent_trace);
+    if let Some(endpoint) = &a.otlp {
+        return export_otlp(&a, endpoint);
+    }
+    if a.since.is_some() || a.json {
+        anyhow::bail!("--since and --json go with --otlp\nhint: intentfs ledger export --otlp --since 1d --json");
+    }
     let (_, ledger, _) = resolve(a.workspace, a.ledger)?;
     let mut out = BufWriter::new(std::io::stdout().lock());
     crate::ledger::agent_trace::export(&ledger, &mut out)
         .with_context(|| format!("cannot export {:?}", ledger.display().to_string()))?;
     out.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `ledger export --otlp`: every entry (since `--since`) to the collector, and a report.
+fn export_otlp(a: &ExportArgs, endpoint: &str) -> anyhow::Result<ExitCode> {
+    let (ws, ledger, explicit) = resolve(a.workspace.clone(), a.ledger.clone())?;
+    let since = a
+        .since
+        .as_deref()
+        .map(|s| super::time::parse_time(s, chrono::Utc::now()))
+        .transpose()?;
+    let endpoint = (!endpoint.trim().is_empty()).then_some(endpoint);
+    let cfg = crate::telemetry::Config::from_env(endpoint)?;
+    let ws = explicit.then_some(ws.as_path());
+    let r = crate::telemetry::export_file(&cfg, &ledger, ws, since)?;
+    let ok = r.failed == 0 && r.exported == r.entries;
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        let mut v = serde_json::to_value(&r)?;
+        v["ledger"] = serde_json::json!(ledger.display().to_string());
+        v["ok"] = serde_json::json!(ok);
+        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+    } else {
+        writeln!(
+            out,
+            "{} of {} entries exported to {} ({})",
+            r.exported, r.entries, r.endpoint, r.protocol
+        )?;
+        if let Some(e) = &r.last_error {
+            writeln!(
+                out,
+                "{} not taken: {e}\nhint: is a collector listening there? (OTLP/HTTP, usually port 4318)",
+                r.failed
+            )?;
+        }
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 #[cfg(test)]
@@ -362,8 +435,24 @@ mod tests {
         assert!(Cli::try_parse_from(["x", "blame"]).is_err());
         assert!(
             Cli::try_parse_from(["x", "ledger", "export", "ws"]).is_err(),
-            "--agent-trace is required"
+            "a format is required"
         );
+        assert!(
+            Cli::try_parse_from(["x", "ledger", "export", "--agent-trace", "--otlp", "ws"])
+                .is_err(),
+            "one format"
+        );
+        let Cli::Ledger(l) =
+            Cli::try_parse_from(["x", "ledger", "export", "--otlp", "--since", "1h", "ws"])
+                .unwrap()
+        else {
+            panic!()
+        };
+        let super::LedgerCommand::Export(e) = l.command else {
+            panic!()
+        };
+        assert_eq!(e.otlp.as_deref(), Some(""));
+        assert_eq!(e.workspace, Some(PathBuf::from("ws")));
         assert!(Cli::try_parse_from(["x", "ledger", "export", "--agent-trace", "ws"]).is_ok());
         let Cli::Log(a) = Cli::try_parse_from([
             "x", "log", "--type", "write", "--since", "2h", "--path", "src/**",

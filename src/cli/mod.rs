@@ -8,8 +8,10 @@ mod demo;
 mod ledger;
 mod log;
 mod mount;
+mod notes;
 mod run;
 mod runtime;
+mod time;
 mod umount;
 
 use std::process::ExitCode;
@@ -69,6 +71,8 @@ enum Command {
     Log(log::LogArgs),
     /// Which intent and agent last changed each line of a file.
     Blame(blame::BlameArgs),
+    /// Write the ledger's attribution of each commit as a git note (refs/notes/intentfs).
+    Notes(notes::NotesArgs),
     /// (There is no `verify`: it says where the command is.)
     #[command(hide = true)]
     Verify {
@@ -89,6 +93,7 @@ pub fn run() -> ExitCode {
             | Command::Ledger(_)
             | Command::CheckPolicy(_)
             | Command::Approvals(_)
+            | Command::Notes(_)
     ) {
         use nix::sys::signal::{signal, SigHandler, Signal};
         // SAFETY: `signal` is unsafe because a handler runs at any point of any thread;
@@ -109,6 +114,7 @@ pub fn run() -> ExitCode {
         Command::Ledger(a) => ledger::run(a),
         Command::Log(a) => log::run(a),
         Command::Blame(a) => blame::run(a),
+        Command::Notes(a) => notes::run(a),
         Command::Verify { rest } => Err(anyhow::anyhow!(
             "there is no `verify` command\nhint: intentfs ledger verify {}",
             if rest.is_empty() {

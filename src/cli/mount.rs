@@ -132,6 +132,13 @@ pub struct MountArgs {
     /// Daemon log file [default: the mount's runtime directory, /run/intentfs/...].
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
+    /// Export every ledger entry as an OpenTelemetry log record over OTLP/HTTP to ENDPOINT
+    /// (the collector's base URL, e.g. http://localhost:4318), from a thread of its own: a
+    /// slow or dead collector never slows the filesystem (records are dropped and counted
+    /// in .intentfs/status). Also on when OTEL_EXPORTER_OTLP_ENDPOINT or
+    /// OTEL_EXPORTER_OTLP_LOGS_ENDPOINT is set; see docs/telemetry.md.
+    #[arg(long, value_name = "ENDPOINT")]
+    pub otlp: Option<String>,
 }
 
 impl MountArgs {
@@ -156,6 +163,7 @@ impl MountArgs {
             transport: Transport::DevFuse,
             data: Data::Daemon,
             log: None,
+            otlp: None,
         }
     }
 }
@@ -172,6 +180,8 @@ struct Plan {
     /// that reloads them (taken by the policy watcher when its thread first ran, a change
     /// made right after the mount came up could be missed for good).
     loaded_stamps: Stamps,
+    /// Where the ledger is exported live over OTLP, if anywhere.
+    otlp: Option<crate::telemetry::Config>,
     args: MountArgs,
 }
 
@@ -311,9 +321,20 @@ fn validate(a: MountArgs) -> anyhow::Result<(Plan, runtime::RuntimeDir)> {
         .ledger
         .clone()
         .unwrap_or_else(|| crate::ledger::default_ledger_path(&workspace));
+    // Checked here, before anything is mounted: a mistyped endpoint or protocol is told to
+    // the person mounting, not only to the daemon log.
+    let otlp = match &a.otlp {
+        Some(ep) => Some(crate::telemetry::Config::from_env(Some(ep)).context("--otlp")?),
+        None if crate::telemetry::wanted_by_env() => Some(
+            crate::telemetry::Config::from_env(None)
+                .context("OTEL_EXPORTER_OTLP_* (live export)")?,
+        ),
+        None => None,
+    };
     let rt = runtime::create(&mountpoint)?;
     Ok((
         Plan {
+            otlp,
             workspace,
             mountpoint,
             policy_path,
@@ -576,6 +597,9 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
         },
     )
     .map_err(|e| anyhow!("ledger {}: {e}", plan.ledger_path.display()))?;
+    // Where this daemon's entries begin (nothing of its own is written yet): the live OTLP
+    // export starts there.
+    let otlp_from = std::fs::metadata(&plan.ledger_path).map_or(0, |m| m.len());
     // What is wrong with the ledger goes to the log and to the person mounting.
     let mut warnings = Vec::new();
     if let Some(r) = &report.repaired_torn_tail {
@@ -656,6 +680,22 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
     }
     tracing::info!("approvals: {mode:?}");
     let mut fs = Fs::new(cfg, guard.clone(), ids.clone(), Some(ledger.clone()))?;
+    // The live OTLP export follows the ledger from here (the MOUNT entry on): a thread that
+    // reads what the writer appended, never in a request's way.
+    let otlp = match plan.otlp.clone() {
+        Some(cfg) => {
+            let f = crate::telemetry::Follower::start(
+                cfg,
+                &plan.ledger_path,
+                otlp_from,
+                &plan.workspace,
+            )
+            .context("starting the OTLP export")?;
+            let _ = fs.otlp.set(f.stats());
+            Some(f)
+        }
+        None => None,
+    };
     fs.gate.approver = match mode {
         Mode::Deny => crate::fs::approve::Approver::Deny,
         Mode::Allow => crate::fs::approve::Approver::Allow,
@@ -777,6 +817,9 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
         ..Default::default()
     });
     ledger.shutdown();
+    if let Some(f) = otlp {
+        f.finish();
+    }
     drop(intent_map);
     ids.shutdown();
     rt.remove("pid");

@@ -207,6 +207,8 @@ pub struct Fs {
     pub transport: std::sync::OnceLock<String>,
     /// `--low-latency`: told of every request (`node` is where nearly all of them start).
     pub low_latency: std::sync::OnceLock<Arc<crate::latency::LowLatency>>,
+    /// The live OTLP export's counters (`.intentfs/status`), when it runs.
+    pub otlp: std::sync::OnceLock<Arc<crate::telemetry::Stats>>,
 }
 
 impl Fs {
@@ -236,6 +238,7 @@ impl Fs {
             data_passthrough: AtomicBool::new(false),
             transport: std::sync::OnceLock::new(),
             low_latency: std::sync::OnceLock::new(),
+            otlp: std::sync::OnceLock::new(),
         })
     }
 

@@ -117,17 +117,32 @@ fn change_of(e: &Entry) -> Change {
     }
 }
 
+/// The attribution state of every path, entry after entry.
+#[derive(Default)]
+struct Replay {
+    files: HashMap<PathBuf, FileAttr>,
+    changes: Vec<Change>,
+}
+
 /// Replays `entries` and returns the attribution state of every path.
 fn replay(entries: &[(u64, Entry)]) -> (HashMap<PathBuf, FileAttr>, Vec<Change>) {
-    let mut files: HashMap<PathBuf, FileAttr> = HashMap::new();
-    let mut changes = Vec::new();
+    let mut r = Replay::default();
     for (_, e) in entries {
+        r.apply(e);
+    }
+    (r.files, r.changes)
+}
+
+impl Replay {
+    /// Takes one more entry into the attribution.
+    fn apply(&mut self, e: &Entry) {
+        let Replay { files, changes } = self;
         if e.mutation_type.is_governance() || outcome_failed(&e.outcome) {
-            continue;
+            return;
         }
-        let Some(path) = e.path_buf() else { continue };
+        let Some(path) = e.path_buf() else { return };
         match e.mutation_type {
-            MutationType::Delete | MutationType::Rmdir => remove_tree(&mut files, &path),
+            MutationType::Delete | MutationType::Rmdir => remove_tree(files, &path),
             MutationType::Rename => {
                 // A rename over a file that recorded its changed lines (`sed -i`, an editor,
                 // `os.replace`) is an edit of the file it replaced: that file's attribution
@@ -136,8 +151,8 @@ fn replay(entries: &[(u64, Entry)]) -> (HashMap<PathBuf, FileAttr>, Vec<Change>)
                 let mut known_source = false;
                 if let Some(from) = e.from_buf() {
                     known_source = files.contains_key(&from);
-                    remove_tree(&mut files, &path);
-                    rekey(&mut files, &from, &path);
+                    remove_tree(files, &path);
+                    rekey(files, &from, &path);
                 }
                 // Content whose writes were not ledgered line by line (written under
                 // `.git/`, say) arrives here whole: the rename is its change.
@@ -196,7 +211,50 @@ fn replay(entries: &[(u64, Entry)]) -> (HashMap<PathBuf, FileAttr>, Vec<Change>)
             }
         }
     }
-    (files, changes)
+}
+
+/// One recorded version of a file, line by line: the change that last touched each line.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VersionLines {
+    /// Per line (index 0 is line 1), the change whose recorded ranges last covered it.
+    pub lines: Vec<Option<Change>>,
+    /// A change that recorded no line ranges (binary or large at the time): lines no range
+    /// covers may be its work.
+    pub unranged: Option<Change>,
+}
+
+/// For each `(index, path)` of `targets`, the attribution of `path` right after
+/// `entries[index]` was replayed (the version that entry recorded). One pass over the
+/// entries, whatever the number of targets.
+pub fn attribute_at(entries: &[(u64, Entry)], targets: &[(usize, PathBuf)]) -> Vec<VersionLines> {
+    let mut order: Vec<usize> = (0..targets.len()).collect();
+    order.sort_by_key(|&t| targets[t].0);
+    let mut out = vec![VersionLines::default(); targets.len()];
+    let mut r = Replay::default();
+    let mut next = order.iter().peekable();
+    for (i, (_, e)) in entries.iter().enumerate() {
+        if next.peek().is_none() {
+            break;
+        }
+        r.apply(e);
+        while let Some(&&t) = next.peek() {
+            if targets[t].0 != i {
+                break;
+            }
+            next.next();
+            if let Some(attr) = r.files.get(&targets[t].1) {
+                out[t] = VersionLines {
+                    lines: attr
+                        .lines
+                        .iter()
+                        .map(|c| c.map(|c| r.changes[c].clone()))
+                        .collect(),
+                    unranged: attr.unranged.map(|c| r.changes[c].clone()),
+                };
+            }
+        }
+    }
+    out
 }
 
 /// Attributes each line of `workspace/rel_path` as it is now.

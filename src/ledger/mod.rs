@@ -10,12 +10,14 @@
 //! - [`ranges`]: content hashes and changed line ranges.
 //! - [`map`]: the intent map (`.orchestration/intent_map.md`).
 //! - [`agent_trace`]: export as Agent Trace records.
+//! - [`commits`]: attribution of git commits (the notes `intentfs notes` writes).
 //!
 //! No FUSE knowledge here: the filesystem hands over [`Draft`]s and asks [`Ledger::health`].
 
 pub mod agent_trace;
 pub mod blame;
 pub mod code;
+pub mod commits;
 pub mod entry;
 pub mod head;
 pub mod map;

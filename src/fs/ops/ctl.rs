@@ -67,6 +67,7 @@ impl Fs {
                 "hashed_bytes": self.hashes.bytes.load(Ordering::Relaxed),
                 "temporaries": self.gate.temps.len(),
                 "requests": self.counters.requests.to_json(),
+                "otlp": self.otlp.get().map(|s| s.to_json()),
                 "low_latency": self.low_latency.get().map(|l| {
                     let (bursts, held_ms) = l.stats();
                     serde_json::json!({"held": l.held(), "bursts": bursts, "held_ms": held_ms})
