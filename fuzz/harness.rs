@@ -227,6 +227,7 @@ pub fn control(data: &[u8]) {
         data: "daemon",
         counters: serde_json::Value::Null,
         pending: serde_json::json!([]),
+        lessons_file: "CLAUDE.md".into(),
     };
     for f in control::FILES {
         let _ = control::render(f, &default, &ids, policy, &info);

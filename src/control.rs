@@ -9,6 +9,13 @@
 //! | `last_error` | JSON of the caller's most recent denial | — |
 //! | `status` | mount, identities, counters (JSON) | — |
 //! | `session` | the caller's identity: key, agent name, selectable intents | — |
+//! | `check` | the answer to the request written on the same open file | a query: may the caller do `operation` to `path`? |
+//! | `approval` | the outcome of the request written on the same open file | a request for a human's approval |
+//!
+//! `check` and `approval` are answered per open file description (one request each): the
+//! caller writes a JSON request and reads the answer back from offset 0 of the same file
+//! (see `fs::query`). A `check` has no side effect and is not recorded; an `approval` goes
+//! to the same broker and ledger as the approvals refused operations ask for.
 //!
 //! Nothing written here grants, widens or resets anything: identities are granted by the
 //! operator over the control socket (`intentfs run`), and an identity selects only among
@@ -37,15 +44,20 @@ pub enum CtlFile {
     LastError,
     Status,
     Session,
+    Check,
+    Approval,
 }
 
-pub const FILES: [CtlFile; 6] = [
+/// The control files, in node id order (new files are appended: node ids never move).
+pub const FILES: [CtlFile; 8] = [
     CtlFile::Intent,
     CtlFile::Context,
     CtlFile::Intents,
     CtlFile::LastError,
     CtlFile::Status,
     CtlFile::Session,
+    CtlFile::Check,
+    CtlFile::Approval,
 ];
 
 impl CtlFile {
@@ -57,6 +69,8 @@ impl CtlFile {
             CtlFile::LastError => "last_error",
             CtlFile::Status => "status",
             CtlFile::Session => "session",
+            CtlFile::Check => "check",
+            CtlFile::Approval => "approval",
         }
     }
     pub fn ino(self) -> u64 {
@@ -71,7 +85,12 @@ impl CtlFile {
         FILES.iter().copied().find(|f| OsStr::new(f.name()) == name)
     }
     pub fn writable(self) -> bool {
-        self == CtlFile::Intent
+        matches!(self, CtlFile::Intent | CtlFile::Check | CtlFile::Approval)
+    }
+
+    /// A query file: a request written to an open file is answered on that file.
+    pub fn is_query(self) -> bool {
+        matches!(self, CtlFile::Check | CtlFile::Approval)
     }
 }
 
@@ -121,6 +140,8 @@ pub struct StatusInfo {
     pub counters: serde_json::Value,
     /// Requests waiting for a human.
     pub pending: serde_json::Value,
+    /// The workspace-relative file lessons are appended to (`intentfs run --verify`).
+    pub lessons_file: String,
 }
 
 /// Render a control file for `ident`.
@@ -169,6 +190,9 @@ pub fn render(
             }
             None => b"{}\n".to_vec(),
         },
+        // Answered per open file: until a request is written, how to write one.
+        CtlFile::Check => QUERY_USAGE_CHECK.as_bytes().to_vec(),
+        CtlFile::Approval => QUERY_USAGE_APPROVAL.as_bytes().to_vec(),
         CtlFile::Session => format!(
             "{}\t{}\t{}\n",
             ident.key,
@@ -201,7 +225,8 @@ pub fn render(
             let v = serde_json::json!({
                 "mount": { "workspace": i.workspace, "mountpoint": i.mountpoint, "policy": i.policy,
                            "policy_reload_error": i.policy_error, "nodes": i.nodes, "open_handles": i.open_handles,
-                           "identity_tracking": ids.tracking(), "transport": i.transport, "data": i.data },
+                           "identity_tracking": ids.tracking(), "transport": i.transport, "data": i.data,
+                           "lessons_file": i.lessons_file },
                 "identities": idents,
                 "pending_approvals": i.pending,
                 "counters": i.counters,
@@ -212,6 +237,13 @@ pub fn render(
         }
     }
 }
+
+/// What `check` shows before a request is written to it.
+pub const QUERY_USAGE_CHECK: &str = r#"{"usage": "open read-write, write a request such as {\"path\": \"src/x.rs\", \"operation\": \"write\"}, read the answer back from offset 0"}
+"#;
+/// What `approval` shows before a request is written to it.
+pub const QUERY_USAGE_APPROVAL: &str = r#"{"usage": "open read-write, write a request such as {\"path\": \"src/x.rs\", \"operation\": \"write\", \"reason\": \"why\"}: the write returns once a human decided; read the outcome back from offset 0"}
+"#;
 
 /// A refused write to a control file: the errno, and the refusal `last_error` shows.
 pub struct WriteError {

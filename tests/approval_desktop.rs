@@ -300,6 +300,7 @@ fn ask(kind: AskKind, path: &str) -> Ask {
         .into(),
         path: path.into(),
         suggested_glob: "src/db/**".into(),
+        reason: None,
     }
 }
 

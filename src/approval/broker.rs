@@ -312,6 +312,7 @@ impl Inner {
                 path: p.ask.path.to_string_lossy().into_owned(),
                 age_ms: u64::try_from(now.saturating_duration_since(p.created).as_millis())
                     .unwrap_or(u64::MAX),
+                reason: p.ask.reason.clone(),
             })
             .collect()
     }

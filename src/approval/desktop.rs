@@ -218,8 +218,13 @@ fn request_notification(id: u64, ask: &Ask, mountpoint: &Path, timeout: Duration
         .as_deref()
         .map(clean)
         .unwrap_or_else(|| "none selected".into());
+    let reason = ask
+        .reason
+        .as_deref()
+        .map(|r| format!("the agent says: \"{}\"\n", shorten(&clean(r), 200)))
+        .unwrap_or_default();
     let body = format!(
-        "agent: {agent} ({identity})\nintent: {intent}\noperation: {op} {path}\nmount: {mount}\n\
+        "agent: {agent} ({identity})\nintent: {intent}\noperation: {op} {path}\nmount: {mount}\n{reason}\
          request #{id}: rejected after {secs}s without an answer; `intentfs approve {id}` works too",
         agent = clean(&ask.agent),
         identity = clean(&ask.identity),
@@ -505,6 +510,7 @@ mod tests {
             op: "open-write".into(),
             path: "src/a.rs".into(),
             suggested_glob: "src/**".into(),
+            reason: None,
         }
     }
 

@@ -107,6 +107,9 @@ pub struct Ask {
     pub path: PathBuf,
     /// The glob an "expand scope" grant would add (OutOfScope only).
     pub suggested_glob: String,
+    /// Why the agent asks, in its own words, when it asked ahead (`.intentfs/approval`):
+    /// the agent's text, shown to the human as such.
+    pub reason: Option<String>,
 }
 
 /// A pending request as `intentfs approvals` and `.intentfs/status` show it.
@@ -128,6 +131,9 @@ pub struct PendingInfo {
     pub path: String,
     /// How long the request has been waiting, in milliseconds.
     pub age_ms: u64,
+    /// Why the agent asks, in its own words, when it asked ahead (`.intentfs/approval`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// Which channel decides (`mount --approver`).

@@ -267,8 +267,12 @@ fn table(pending: &[PendingInfo]) -> String {
         out.push('\n');
     };
     line(&header);
-    for r in &rows {
+    for (r, p) in rows.iter().zip(pending) {
         line(&r.each_ref().map(String::as_str));
+        // The agent's own words (it asked ahead, `.intentfs/approval`): quoted as data.
+        if let Some(why) = &p.reason {
+            line(&[&format!("    the agent says: {why:?}")]);
+        }
     }
     out
 }
@@ -344,6 +348,7 @@ mod tests {
             op: "unlink".into(),
             path: "src/old.rs".into(),
             age_ms: 3000,
+            reason: None,
         };
         let t = table(&[p]);
         let lines: Vec<&str> = t.lines().collect();
@@ -386,6 +391,7 @@ mod tests {
             op: "read".into(),
             path: ".env".into(),
             suggested_glob: String::new(),
+            reason: None,
         };
         let tx2 = tx.clone();
         let id = b.ask(ask.clone(), Box::new(move |d| tx.send(d).unwrap()));

@@ -1,12 +1,16 @@
 //! The command line: clap derive, one file per subcommand. Raw arguments are validated into
 //! settings here, before anything is mounted.
 
+mod agent;
 mod approvals;
 mod blame;
 mod check_policy;
 mod demo;
+mod hook;
+mod init;
 mod ledger;
 mod log;
+mod mcp;
 mod mount;
 mod notes;
 mod run;
@@ -73,6 +77,12 @@ enum Command {
     Blame(blame::BlameArgs),
     /// Write the ledger's attribution of each commit as a git note (refs/notes/intentfs).
     Notes(notes::NotesArgs),
+    /// MCP server over stdio for an agent inside the mount (its client starts it).
+    Mcp(mcp::McpArgs),
+    /// Answer one event of Claude Code's hook protocol (JSON on stdin).
+    Hook(hook::HookArgs),
+    /// Write an agent's MCP and hook configuration into the workspace.
+    Init(init::InitArgs),
     /// (There is no `verify`: it says where the command is.)
     #[command(hide = true)]
     Verify {
@@ -94,6 +104,8 @@ pub fn run() -> ExitCode {
             | Command::CheckPolicy(_)
             | Command::Approvals(_)
             | Command::Notes(_)
+            | Command::Init(_)
+            | Command::Hook(_)
     ) {
         use nix::sys::signal::{signal, SigHandler, Signal};
         // SAFETY: `signal` is unsafe because a handler runs at any point of any thread;
@@ -115,6 +127,9 @@ pub fn run() -> ExitCode {
         Command::Log(a) => log::run(a),
         Command::Blame(a) => blame::run(a),
         Command::Notes(a) => notes::run(a),
+        Command::Mcp(a) => mcp::run(a),
+        Command::Hook(a) => hook::run(a),
+        Command::Init(a) => init::run(a),
         Command::Verify { rest } => Err(anyhow::anyhow!(
             "there is no `verify` command\nhint: intentfs ledger verify {}",
             if rest.is_empty() {

@@ -870,7 +870,7 @@ fn spawn_policy_watcher(
             while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(250));
                 ticks += 1;
-                if ticks % 40 == 0 {
+                if ticks.is_multiple_of(40) {
                     let n = ids.reap();
                     if n > 0 {
                         tracing::info!("freed {n} identity(ies) whose session ended");

@@ -33,6 +33,8 @@ pub struct AskSpec {
     pub rel: PathBuf,
     /// The refusal to answer when nobody approves (its code is kept for `--approver deny`).
     pub denial: Denial,
+    /// Why the agent asks, in its words, when it asked ahead (`.intentfs/approval`).
+    pub reason: Option<String>,
 }
 
 /// What to do once decided: `Ok` re-runs the operation (with the single-use grant the answer
@@ -96,6 +98,7 @@ impl Fs {
             // A glob that matches this very path: `app/[id]/page.tsx` is not a character
             // class here.
             suggested_glob: literal_glob(&spec.rel),
+            reason: spec.reason.clone(),
         };
         tracing::info!(agent = %spec.ident.name, path = %spec.rel.display(), op = %spec.op, "asking a human");
         let fs = self.clone();
@@ -178,6 +181,7 @@ impl Gate {
                     "decided_by": by,
                     "grant": grant,
                     "latency_ms": latency_ms,
+                    "reason": spec.reason,
                 })),
                 ..Default::default()
             };

@@ -29,6 +29,20 @@ pub struct GateCounters {
     pub probes: AtomicU64,
 }
 
+/// What [`Gate::dry_run`] foresees for an operation.
+#[derive(Debug)]
+pub enum Verdict {
+    /// It would go through: the rule that allows it, and what kind of permission that is.
+    Allow {
+        rule: Option<String>,
+        by: &'static str,
+    },
+    /// A human would be asked (what a grant would have to cover, and the refusal if not).
+    Ask(GrantKind, Denial),
+    /// It would be refused.
+    Deny(Denial),
+}
+
 /// The governance of one mount.
 pub struct Gate {
     /// The rules in force.
@@ -177,6 +191,7 @@ impl Gate {
                         op,
                         rel: rel.to_path_buf(),
                         denial: d,
+                        reason: None,
                     })));
                 }
                 return Err(self.deny(ident, caller, d));
@@ -190,7 +205,7 @@ impl Gate {
     /// this identity (anything may be done to it but moving it elsewhere, which the rename
     /// checks), a new entry in a companion directory of its intent, or a directory its
     /// scope's globs imply. A new temporary is registered by the operation once it exists.
-    fn temp_allowed(&self, ident: &Identity, op: Operation, rel: &Path) -> bool {
+    pub(super) fn temp_allowed(&self, ident: &Identity, op: Operation, rel: &Path) -> bool {
         if self.temps.covers(&ident.key, rel) {
             return true;
         }
@@ -273,6 +288,7 @@ impl Gate {
                     op: Operation::Read,
                     rel: rel.to_path_buf(),
                     denial: d,
+                    reason: None,
                 })))
             }
         }
@@ -310,7 +326,99 @@ impl Gate {
             op,
             rel: rel.to_path_buf(),
             denial: d,
+            reason: None,
         })))
+    }
+
+    /// Would `ident` be let do `op` to `rel` now, and if not why, or would a human be
+    /// asked? The same decisions as [`Gate::authorize`], [`Gate::sensitive_read`] and
+    /// [`Gate::delete_approval`], with nothing spent, counted, remembered or recorded: the
+    /// answer to `.intentfs/check`, and what `.intentfs/approval` asks a human about.
+    /// (What only the operation itself can know is not foreseen: whether the file is
+    /// stale for this identity, or a tool's temporary it would create.)
+    pub fn dry_run(&self, ident: &Identity, op: Operation, rel: &Path, is_dir: bool) -> Verdict {
+        use crate::policy::{DeleteRule, OutOfScope, SensitiveRead};
+        let intent = ident.intent();
+        let rules = self.guard.rules();
+        let approval = rules.policy.approval();
+        let grants = ident.grants.lock();
+        if op == Operation::Read {
+            return match self.guard.check_read(intent.as_deref(), rel) {
+                Ok(()) => Verdict::Allow {
+                    rule: None,
+                    by: "not sensitive",
+                },
+                Err(d) => match approval.sensitive_read {
+                    SensitiveRead::Allow => Verdict::Allow {
+                        rule: d.rule,
+                        by: "policy approval.sensitive_read: allow",
+                    },
+                    SensitiveRead::Deny => Verdict::Deny(d),
+                    SensitiveRead::Ask if grants.covers(GrantKind::Read, rel) => Verdict::Allow {
+                        rule: d.rule,
+                        by: "a human's approval",
+                    },
+                    SensitiveRead::Ask => Verdict::Ask(GrantKind::Read, d),
+                },
+            };
+        }
+        if ident.tripped.load(Ordering::Acquire) {
+            return Verdict::Deny(Denial::new(
+                Code::CircuitOpen,
+                op,
+                rel,
+                intent.as_deref(),
+                format!("{} was refused too often and is stopped until a human resets it", ident.name),
+                format!(
+                    "Stop and report to the human: this agent looped on refused operations. A human resets it with \
+                     `intentfs reset {}`.",
+                    ident.key()
+                ),
+            ));
+        }
+        let rule = match self.guard.check_write(intent.as_deref(), op, rel, is_dir) {
+            Ok(rule) => rule,
+            Err(d) if d.code == Code::ScopeViolation => {
+                if grants.covers(GrantKind::Write, rel) {
+                    return Verdict::Allow {
+                        rule: None,
+                        by: "a human's approval",
+                    };
+                }
+                if self.temps.covers(&ident.key, rel) {
+                    return Verdict::Allow {
+                        rule: None,
+                        by: "a temporary of this agent's tool",
+                    };
+                }
+                if approval.out_of_scope == OutOfScope::Ask {
+                    return Verdict::Ask(GrantKind::Write, d);
+                }
+                return Verdict::Deny(d);
+            }
+            Err(d) => return Verdict::Deny(d),
+        };
+        if matches!(op, Operation::Unlink | Operation::Rmdir)
+            && approval.delete == DeleteRule::Ask
+            && !grants.covers(GrantKind::Delete, rel)
+        {
+            let d = Denial::new(
+                Code::ApprovalRejected,
+                op,
+                rel,
+                intent.as_deref(),
+                format!(
+                    "deleting {} needs a human's approval (policy approval.delete: ask)",
+                    rel.display()
+                ),
+                "Do not delete this; ask the human, or leave the file in place.".into(),
+            );
+            return Verdict::Ask(GrantKind::Delete, d);
+        }
+        Verdict::Allow {
+            rule: Some(rule),
+            by: "the intent's scope",
+        }
     }
 
     /// The breaker tripped: say so loudly (log, ledger, and the human channel).

@@ -77,6 +77,32 @@ pub struct CtlHandle {
     pub file: CtlFile,
     pub content: Vec<u8>,
     pub written: Vec<u8>,
+    /// `.intentfs/approval`: the request written to this file, for a human, asked when
+    /// the file is read (see `ops::query`).
+    pub request: Option<AskAhead>,
+    /// The request went to a human; the read re-runs once decided.
+    pub asked: bool,
+}
+
+/// A question for a human an agent asks ahead (`.intentfs/approval`).
+pub struct AskAhead {
+    pub kind: crate::guard::identity::GrantKind,
+    pub op: Operation,
+    pub rel: PathBuf,
+    /// The agent's words, cleaned.
+    pub reason: String,
+}
+
+impl CtlHandle {
+    pub fn new(file: CtlFile, content: Vec<u8>) -> CtlHandle {
+        CtlHandle {
+            file,
+            content,
+            written: Vec::new(),
+            request: None,
+            asked: false,
+        }
+    }
 }
 
 /// An open handle of any kind.

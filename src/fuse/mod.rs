@@ -368,6 +368,19 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        if self.fs.ctl_handle(fh.0).is_some() {
+            // A control file: reading `.intentfs/approval` after a request was written to it
+            // stops to ask a human (parked, like any operation that asks). A read, not the
+            // write: the kernel holds the file's inode lock during a write, so a parked
+            // write would hold every other identity's request to the same file.
+            let (caller, fh) = (caller(req), fh.0);
+            return self.governed(
+                Op::Read,
+                reply,
+                move |fs| fs.read(&caller, fh, offset, size),
+                |r, d| r.data(&d),
+            );
+        }
         self.answer(
             Op::Read,
             reply,

@@ -105,15 +105,25 @@ pub struct Identity {
     pub tripped: AtomicBool,
 }
 
-/// What humans granted an identity for its session. (A `once` approval is never the
-/// identity's: it goes to the operation that asked, see [`Run`].)
+/// What humans granted an identity for its session. (A `once` approval of an operation
+/// that asked is never the identity's: it goes to that operation, see [`Run`]. A `once`
+/// approval the agent asked for ahead, through `.intentfs/approval`, is: no operation is
+/// waiting for it, so it waits in [`Grants::ahead`] for the identity's next operation on
+/// that path.)
 #[derive(Default, Debug)]
 pub struct Grants {
     /// Paths granted for the rest of the session.
     pub files: HashSet<(GrantKind, PathBuf)>,
     /// Scope expansions (globs), for the rest of the session.
     pub globs: Vec<(String, GlobMatcher)>,
+    /// Single-use approvals asked for ahead (`.intentfs/approval`), spent by the next
+    /// operation they cover.
+    pub ahead: Vec<OnceGrant>,
 }
+
+/// Most single-use approvals asked ahead an identity holds unspent: each took a human's
+/// answer, so more than a few means the agent asks instead of working.
+pub const MAX_AHEAD: usize = 8;
 
 /// What a grant lets through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -176,6 +186,14 @@ impl Run {
     }
 }
 
+impl Run {
+    /// A single-use grant for `(kind, rel)` that the running operation carries from the
+    /// answer it stopped for, spent by this call.
+    pub fn take_carried(kind: GrantKind, rel: &Path) -> bool {
+        take_carried(kind, rel)
+    }
+}
+
 impl Drop for Run {
     fn drop(&mut self) {
         RUN.with(|r| *r.borrow_mut() = None);
@@ -203,10 +221,36 @@ impl Grants {
         if take_carried(kind, rel) {
             return true;
         }
+        if self.session_covers(kind, rel) {
+            return true;
+        }
+        if let Some(i) = self.ahead.iter().position(|(k, p)| *k == kind && p == rel) {
+            self.ahead.remove(i);
+            return true;
+        }
+        false
+    }
+
+    /// Does a grant for the rest of the session cover `(kind, rel)`?
+    pub fn session_covers(&self, kind: GrantKind, rel: &Path) -> bool {
         if self.files.contains(&(kind, rel.to_path_buf())) {
             return true;
         }
         kind == GrantKind::Write && self.globs.iter().any(|(_, g)| g.is_match(rel))
+    }
+
+    /// Would [`Grants::take`] let `(kind, rel)` through (spending nothing)? For questions
+    /// asked ahead (`.intentfs/check`).
+    pub fn covers(&self, kind: GrantKind, rel: &Path) -> bool {
+        self.session_covers(kind, rel) || self.ahead.iter().any(|(k, p)| *k == kind && p == rel)
+    }
+
+    /// Keep a single-use approval asked for ahead (the oldest goes past [`MAX_AHEAD`]).
+    pub fn keep_ahead(&mut self, g: OnceGrant) {
+        if self.ahead.len() >= MAX_AHEAD {
+            self.ahead.remove(0);
+        }
+        self.ahead.push(g);
     }
 }
 

@@ -109,6 +109,18 @@ fn show(p: &Path) -> String {
     }
 }
 
+/// The agents' configuration files `intentfs init` writes, always protected (a trailing
+/// `/`: the whole directory): Claude Code's MCP servers, settings (hooks) and hook
+/// scripts, Codex CLI's and Gemini CLI's project configuration.
+pub const AGENT_CONFIG: &[&str] = &[
+    ".mcp.json",
+    ".claude/settings.json",
+    ".claude/settings.local.json",
+    ".claude/hooks/",
+    ".codex/config.toml",
+    ".gemini/settings.json",
+];
+
 /// Paths that are read-only through the mount whatever the intent.
 #[derive(Clone, Debug)]
 pub struct Protected {
@@ -126,6 +138,12 @@ impl Protected {
             (PathBuf::from(".git/hooks"), true),
             (PathBuf::from(".git/config"), false),
         ];
+        // The agents' own configuration (`intentfs init`): the MCP servers and hooks that
+        // tell an agent it is governed. An agent that could edit them could switch them
+        // off (Claude Code's `disableAllHooks`) or run its own program as a hook.
+        for f in AGENT_CONFIG {
+            entries.push((PathBuf::from(f.trim_end_matches('/')), f.ends_with('/')));
+        }
         for e in extra {
             if !e.as_os_str().is_empty() {
                 entries.push((e.clone(), false));
@@ -227,8 +245,9 @@ impl Guard {
                 rel,
                 intent,
                 format!("{} is protected: it is read-only through the mount whatever the intent", show(rel)),
-                "Do not modify governance files (.orchestration/, .intentignore, .git/hooks, .git/config). \
-                 Ask the human to change them if the task requires it."
+                "Do not modify governance files (.orchestration/, .intentignore, .git/hooks, .git/config) or \
+                 the agents' configuration (.mcp.json, .claude/settings*.json, .claude/hooks/, .codex/config.toml, \
+                 .gemini/settings.json). Ask the human to change them if the task requires it."
                     .into(),
             )
             .with_rule(Some(rule)));
@@ -258,6 +277,27 @@ impl Guard {
                 "the workspace root itself cannot be changed through the mount".into(),
                 "Change files inside the workspace, not the workspace directory itself.".into(),
             ));
+        }
+        // A name above a protected path may only ever be a directory: a symlink, file or
+        // device named `.claude` would put `.claude/settings.json` wherever it points
+        // (directories are checked entry by entry when moved, see `fs::ops::rename`).
+        if !is_dir && !matches!(op, Operation::Read) {
+            if let Some(rule) = rules.protected.below(rel) {
+                return Err(Denial::new(
+                    Code::ProtectedPath,
+                    op,
+                    rel,
+                    intent,
+                    format!(
+                        "{} can only be a directory: a protected path lies below it ({rule})",
+                        show(rel)
+                    ),
+                    "Leave this name alone: it holds governance or agent configuration files. Ask the human if \
+                     the task requires changing it."
+                        .into(),
+                )
+                .with_rule(Some(rule)));
+            }
         }
         let Some(id) = intent else {
             let ids: Vec<&str> = rules

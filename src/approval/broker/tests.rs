@@ -30,6 +30,7 @@ pub(crate) fn ask(kind: AskKind, path: &str) -> Ask {
         op: "open-write".into(),
         path: path.into(),
         suggested_glob: "src/db/**".into(),
+        reason: None,
     }
 }
 

@@ -20,11 +20,7 @@ impl Fs {
         let content = control::render(f, &ident, &self.gate.ids, &rules.policy, &|| {
             self.status_info()
         });
-        let h = CtlHandle {
-            file: f,
-            content,
-            written: Vec::new(),
-        };
+        let h = CtlHandle::new(f, content);
         let fh = self.add_handle(Handle::Control(Arc::new(Mutex::new(h))));
         Ok((
             fh,
@@ -51,6 +47,15 @@ impl Fs {
             } else {
                 "daemon"
             },
+            lessons_file: self
+                .gate
+                .guard
+                .rules()
+                .policy
+                .lessons_file()
+                .unwrap_or(Path::new(crate::fs::LESSON_FILE))
+                .display()
+                .to_string(),
             pending: match &self.gate.approver {
                 crate::fs::approve::Approver::Human(b) => {
                     serde_json::to_value(b.pending()).unwrap_or_default()
@@ -93,6 +98,9 @@ impl Fs {
         }
         c.written[off..off + data.len()].copy_from_slice(data);
         let text = String::from_utf8_lossy(&c.written).into_owned();
+        if c.file.is_query() {
+            return self.query_ctl(caller, &mut c, &text).map(|()| data.len());
+        }
         let ident = self.gate.ids.resolve(caller.pid);
         if c.file == CtlFile::Intent && self.data_passthrough() {
             self.check_no_writes_open(&ident, caller)?;

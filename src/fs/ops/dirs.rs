@@ -5,11 +5,7 @@ use super::*;
 impl Fs {
     pub fn opendir(&self, nodeid: u64) -> Result<u64> {
         if nodeid == control::DIR_INO {
-            let h = CtlHandle {
-                file: CtlFile::Status,
-                content: Vec::new(),
-                written: Vec::new(),
-            };
+            let h = CtlHandle::new(CtlFile::Status, Vec::new());
             return Ok(self.add_handle(Handle::Control(Arc::new(Mutex::new(h)))));
         }
         let node = self.node(nodeid)?;

@@ -311,7 +311,10 @@ impl Fs {
 
     pub fn read(&self, caller: &Caller, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         if let Some(c) = self.ctl_handle(fh) {
-            let c = c.lock();
+            let mut c = c.lock();
+            if offset == 0 && c.request.is_some() {
+                self.ask_ahead(caller, &mut c)?;
+            }
             let start = (offset as usize).min(c.content.len());
             let end = (start + size as usize).min(c.content.len());
             return Ok(c.content[start..end].to_vec());

@@ -9,6 +9,7 @@ mod ctl;
 mod dirs;
 mod entries;
 mod files;
+mod query;
 mod rename;
 mod xattr;
 
