@@ -5,6 +5,8 @@
 //! - [`policy`]: pure YAML -> compiled policy (globset); decisions quote the rule that decided.
 //! - [`approval`]: the human-approval broker and its channels (desktop, CLI socket).
 //! - [`ledger`]: the append-only, hash-chained audit ledger (writer thread, reader, verify).
+//! - [`versions`]: diffs, restore and rewind plans, the audit report, over the ledger and
+//!   the content store.
 //! - [`guard`]: the decision for one operation (intent, scope, protected paths, stale check).
 //! - [`control`]: the virtual `.intentfs/` directory.
 //! - [`latency`]: `--low-latency`, the CPU latency request held while requests arrive.
@@ -32,3 +34,4 @@ pub mod latency;
 pub mod ledger;
 pub mod policy;
 pub mod stat;
+pub mod versions;

@@ -5,9 +5,12 @@ mod approvals;
 mod blame;
 mod check_policy;
 mod demo;
+mod diff;
 mod ledger;
 mod log;
 mod mount;
+mod report;
+mod restore;
 mod run;
 mod runtime;
 mod umount;
@@ -35,6 +38,8 @@ use clap::{Parser, Subcommand};
   intentfs run --mount /mnt/agent --intent INT-002 --agent docs --user agent -- CMD...
   intentfs log ./project                 # what changed, by which intent and agent
   intentfs ledger verify ./project       # chain intact? edits made outside the mount?
+  intentfs diff --agent docs ./project   # what that agent changed, as diffs
+  intentfs rewind --agent docs ./project # undo it, without clobbering anyone else's work
   intentfs umount /mnt/agent"
 )]
 pub struct Cli {
@@ -69,6 +74,14 @@ enum Command {
     Log(log::LogArgs),
     /// Which intent and agent last changed each line of a file.
     Blame(blame::BlameArgs),
+    /// Show what changes did, as unified diffs of the recorded versions.
+    Diff(diff::DiffArgs),
+    /// Put a recorded version of a file back (deleted files too).
+    Restore(restore::RestoreArgs),
+    /// Undo an agent's, an intent's or a period's changes, latest first, without clobbering others'.
+    Rewind(restore::RewindArgs),
+    /// Write the audit report of a workspace (self-contained HTML, or JSON).
+    Report(report::ReportArgs),
     /// (There is no `verify`: it says where the command is.)
     #[command(hide = true)]
     Verify {
@@ -86,6 +99,8 @@ pub fn run() -> ExitCode {
         cli.command,
         Command::Log(_)
             | Command::Blame(_)
+            | Command::Diff(_)
+            | Command::Report(_)
             | Command::Ledger(_)
             | Command::CheckPolicy(_)
             | Command::Approvals(_)
@@ -109,6 +124,10 @@ pub fn run() -> ExitCode {
         Command::Ledger(a) => ledger::run(a),
         Command::Log(a) => log::run(a),
         Command::Blame(a) => blame::run(a),
+        Command::Diff(a) => diff::run(a),
+        Command::Restore(a) => restore::run_restore(a),
+        Command::Rewind(a) => restore::run_rewind(a),
+        Command::Report(a) => report::run(a),
         Command::Verify { rest } => Err(anyhow::anyhow!(
             "there is no `verify` command\nhint: intentfs ledger verify {}",
             if rest.is_empty() {

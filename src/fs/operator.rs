@@ -5,7 +5,9 @@
 use std::sync::{Arc, Weak};
 
 use super::Fs;
-use crate::approval::{AckRequest, LessonRequest, Operator, RegisterRequest, Registered};
+use crate::approval::{
+    AckRequest, LessonRequest, Operator, RegisterRequest, Registered, RestoreRequest,
+};
 use crate::guard::tracking::Grant;
 use crate::guard::Intents;
 use crate::ledger::{Draft, MutationType};
@@ -142,5 +144,16 @@ impl Operator for FsOperator {
                 .map_err(|e| format!("the ledger cannot be written: {e}"))?;
         }
         Ok(n)
+    }
+
+    fn restore(
+        &self,
+        pid: u32,
+        uid: u32,
+        req: RestoreRequest,
+    ) -> Result<serde_json::Value, String> {
+        let fs = self.fs()?;
+        let report = fs.restore(pid, uid, &req)?;
+        serde_json::to_value(report).map_err(|e| e.to_string())
     }
 }

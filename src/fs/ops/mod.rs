@@ -10,6 +10,7 @@ mod dirs;
 mod entries;
 mod files;
 mod rename;
+mod restore;
 mod xattr;
 
 use std::ffi::OsStr;

@@ -490,7 +490,14 @@ impl Fs {
             content_hash,
             prev_content_hash,
             size: (!r.src_dir).then_some(r.src.st_size as u64),
-            detail: r.exchange.then(|| serde_json::json!({ "exchange": true })),
+            detail: if r.exchange {
+                Some(serde_json::json!({ "exchange": true }))
+            } else {
+                // What `rewind` needs to put the file it replaced back as it was.
+                r.dst
+                    .filter(|d| d.st_mode & libc::S_IFMT == libc::S_IFREG)
+                    .map(|d| serde_json::json!({ "replaced_mode": format!("{:o}", d.st_mode & 0o7777) }))
+            },
             ..Default::default()
         }
     }
