@@ -5,6 +5,8 @@
 //! - [`policy`]: pure YAML -> compiled policy (globset); decisions quote the rule that decided.
 //! - [`approval`]: the human-approval broker and its channels (desktop, CLI socket).
 //! - [`ledger`]: the append-only, hash-chained audit ledger (writer thread, reader, verify).
+//! - [`store`]: the content store: the bytes behind the ledger's content hashes (zstd,
+//!   reflinks, dedup), and its retention (`gc`).
 //! - [`guard`]: the decision for one operation (intent, scope, protected paths, stale check).
 //! - [`control`]: the virtual `.intentfs/` directory.
 //! - [`latency`]: `--low-latency`, the CPU latency request held while requests arrive.
@@ -32,3 +34,4 @@ pub mod latency;
 pub mod ledger;
 pub mod policy;
 pub mod stat;
+pub mod store;
