@@ -5,6 +5,8 @@
 //! - [`policy`]: pure YAML -> compiled policy (globset); decisions quote the rule that decided.
 //! - [`approval`]: the human-approval broker and its channels (desktop, CLI socket).
 //! - [`ledger`]: the append-only, hash-chained audit ledger (writer thread, reader, verify).
+//! - [`store`]: the content store: the bytes behind the ledger's content hashes (zstd,
+//!   reflinks, dedup), and its retention (`gc`).
 //! - [`versions`]: diffs, restore and rewind plans, the audit report, over the ledger and
 //!   the content store.
 //! - [`guard`]: the decision for one operation (intent, scope, protected paths, stale check).
@@ -34,4 +36,5 @@ pub mod latency;
 pub mod ledger;
 pub mod policy;
 pub mod stat;
+pub mod store;
 pub mod versions;
