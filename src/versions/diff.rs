@@ -211,7 +211,10 @@ pub fn of_entry(
         let moved = from.as_deref().and_then(at);
         // A rename over a file is an edit of it (`sed -i`, an editor's save): the diff is
         // from the file it replaced. A plain rename compares the content it moved.
-        let before = ev.before.clone().or(moved.and_then(|m| m.before));
+        let (before, from) = match &ev.before {
+            Some(b) => (Some(b.clone()), None),
+            None => (moved.and_then(|m| m.before), from),
+        };
         out.push(compare(
             &path,
             from.as_deref(),

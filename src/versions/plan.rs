@@ -419,13 +419,42 @@ pub fn restore(
                         .is_ok_and(|et| et.with_timezone(&Utc) < *t)
                 })
                 .collect();
-            let last: &super::history::Event = before.last().copied().ok_or_else(|| {
-                format!(
-                    "the ledger records no version of {p} before {}: its first entry is at {}",
-                    t.to_rfc3339(),
-                    events[0].timestamp
-                )
-            })?;
+            let last: &super::history::Event = match before.last() {
+                Some(e) => e,
+                // Nothing recorded before then, but the first change after it recorded what
+                // it replaced: that is what the path held at that time.
+                None if events[0].before.is_some() => {
+                    let first = &events[0];
+                    let hash = first.before.clone().unwrap_or_default();
+                    let entry = &entries
+                        .iter()
+                        .find(|(l, _)| *l == first.line)
+                        .ok_or_else(|| "internal: event without entry".to_string())?
+                        .1;
+                    available(store, &hash, entry).map_err(|r| format!("{p}: {r}"))?;
+                    return Ok(Plan {
+                        steps: vec![Step {
+                            path: path.to_path_buf(),
+                            expect: Expect::Any,
+                            action: Action::Put {
+                                content: hash,
+                                mode: None,
+                            },
+                            entry: entry.id.clone(),
+                            line: first.line,
+                            what: what(entry, "version before"),
+                        }],
+                        skipped: Vec::new(),
+                    });
+                }
+                None => {
+                    return Err(format!(
+                        "the ledger records no version of {p} before {}: its first entry is at {}",
+                        t.to_rfc3339(),
+                        events[0].timestamp
+                    ))
+                }
+            };
             if last.after.is_none() {
                 return Err(format!(
                     "{p} held no file at {}: the {} at {} (#{}) left none\nhint: restore an earlier time, or `--to {}` for the version it removed",
