@@ -5,6 +5,7 @@ mod approvals;
 mod blame;
 mod check_policy;
 mod demo;
+mod gc;
 mod ledger;
 mod log;
 mod mount;
@@ -69,6 +70,8 @@ enum Command {
     Log(log::LogArgs),
     /// Which intent and agent last changed each line of a file.
     Blame(blame::BlameArgs),
+    /// Remove old file versions from the content store (retention).
+    Gc(gc::GcArgs),
     /// (There is no `verify`: it says where the command is.)
     #[command(hide = true)]
     Verify {
@@ -89,6 +92,7 @@ pub fn run() -> ExitCode {
             | Command::Ledger(_)
             | Command::CheckPolicy(_)
             | Command::Approvals(_)
+            | Command::Gc(_)
     ) {
         use nix::sys::signal::{signal, SigHandler, Signal};
         // SAFETY: `signal` is unsafe because a handler runs at any point of any thread;
@@ -109,6 +113,7 @@ pub fn run() -> ExitCode {
         Command::Ledger(a) => ledger::run(a),
         Command::Log(a) => log::run(a),
         Command::Blame(a) => blame::run(a),
+        Command::Gc(a) => gc::run(a),
         Command::Verify { rest } => Err(anyhow::anyhow!(
             "there is no `verify` command\nhint: intentfs ledger verify {}",
             if rest.is_empty() {
