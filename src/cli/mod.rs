@@ -6,6 +6,7 @@ mod blame;
 mod check_policy;
 mod demo;
 mod diff;
+mod gc;
 mod ledger;
 mod log;
 mod mount;
@@ -82,6 +83,8 @@ enum Command {
     Rewind(restore::RewindArgs),
     /// Write the audit report of a workspace (self-contained HTML, or JSON).
     Report(report::ReportArgs),
+    /// Remove old file versions from the content store (retention).
+    Gc(gc::GcArgs),
     /// (There is no `verify`: it says where the command is.)
     #[command(hide = true)]
     Verify {
@@ -104,6 +107,7 @@ pub fn run() -> ExitCode {
             | Command::Ledger(_)
             | Command::CheckPolicy(_)
             | Command::Approvals(_)
+            | Command::Gc(_)
     ) {
         use nix::sys::signal::{signal, SigHandler, Signal};
         // SAFETY: `signal` is unsafe because a handler runs at any point of any thread;
@@ -128,6 +132,7 @@ pub fn run() -> ExitCode {
         Command::Restore(a) => restore::run_restore(a),
         Command::Rewind(a) => restore::run_rewind(a),
         Command::Report(a) => report::run(a),
+        Command::Gc(a) => gc::run(a),
         Command::Verify { rest } => Err(anyhow::anyhow!(
             "there is no `verify` command\nhint: intentfs ledger verify {}",
             if rest.is_empty() {

@@ -23,6 +23,7 @@ pub mod output;
 mod stale;
 pub mod sys;
 pub mod temps;
+mod versions;
 pub mod watch;
 
 use std::collections::HashMap;
@@ -203,6 +204,8 @@ pub struct Fs {
     pub transport: std::sync::OnceLock<String>,
     /// `--low-latency`: told of every request (`node` is where nearly all of them start).
     pub low_latency: std::sync::OnceLock<Arc<crate::latency::LowLatency>>,
+    /// The content store and what was decided about recent versions.
+    pub(crate) versions: versions::Versions,
 }
 
 impl Fs {
@@ -231,6 +234,7 @@ impl Fs {
             passthrough: AtomicBool::new(false),
             transport: std::sync::OnceLock::new(),
             low_latency: std::sync::OnceLock::new(),
+            versions: versions::Versions::default(),
         })
     }
 
@@ -410,8 +414,10 @@ impl Fs {
         caller: &Caller,
         mt: MutationType,
         rel: &Path,
-        draft: Draft,
+        mut draft: Draft,
     ) -> Result<()> {
+        // Every content hash the entry names resolves in the store, or the entry says why.
+        self.note_versions(rel, &mut draft);
         self.gate
             .record(ident, caller, mt, rel, draft)
             .inspect_err(|e| self.on_ledger_failure(e))

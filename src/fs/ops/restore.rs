@@ -102,8 +102,8 @@ impl Fs {
         })?;
         let entries = crate::ledger::read_entries(ledger.path())
             .map_err(|e| format!("cannot read the ledger: {e}"))?;
-        let store = self.version_store();
-        let plan = crate::versions::plan_request(&entries, req, store.as_ref())?;
+        let store = self.store().map(|s| s.as_ref());
+        let plan = crate::versions::plan_request(&entries, req, store)?;
         // Nothing under the daemon's own directory is restored through the mount.
         for s in &plan.steps {
             if s.path.starts_with(".orchestration") || s.path.starts_with(".intentfs") {
@@ -128,7 +128,7 @@ impl Fs {
         };
         let run = uuid::Uuid::new_v4().to_string();
         let command = req.command.clone();
-        let report = apply(&plan, &mut tree, store.as_ref(), req.force, &mut |c| {
+        let report = apply(&plan, &mut tree, store, req.force, &mut |c| {
             ledger
                 .record(draft(c, &agent, &command, &run))
                 .map_err(|e| format!("the ledger cannot be written: {e}"))
@@ -139,12 +139,5 @@ impl Fs {
             skipped = report.skipped.len(), "versions put back"
         );
         Ok(report)
-    }
-
-    /// The mount's content store, if it keeps one.
-    fn version_store(&self) -> Option<crate::store::Store> {
-        crate::store::Store::open_existing(&crate::store::Store::default_dir(&self.cfg.workspace))
-            .ok()
-            .flatten()
     }
 }
