@@ -8,7 +8,7 @@
 #
 # Usage: sudo bench/run.sh [--rounds N] [--copies K] [--quick] [--seq-mib M] [--files F]
 #                          [--with-bindfs | --no-bindfs] [--with-peers | --no-peers]
-#                          [--low-latency] [--keep] [--fs image|dir]
+#                          [--low-latency] [--keep] [--fs image|dir] [--versions on|off|both]
 #   --rounds N      rounds per workload (default 5); the table shows medians over them
 #   --copies K      copies of the source tree unpacked by `tar x` (default 4)
 #   --seq-mib M     size of the sequential write/read file (default 512)
@@ -35,6 +35,10 @@
 #                   and the header says what it really used; a mode that fell back is
 #                   labelled "(fb)"
 #   --low-latency   mount intentfs with --low-latency (idle CPUs poll while requests flow)
+#   --versions V    the content store (every version of every changed file kept, zstd):
+#                   on (default, as mounts run), off (the policy's versions.enabled: false),
+#                   or both: a second intentfs mount, intentfs-nover, with versions off,
+#                   beside the first, to read the store's cost from one run
 #   --keep          keep the temp directory (logs, results.tsv) for inspection
 #   --fs image      (default) every target's directory on a fresh ext4 (journaled, mkfs
 #                   defaults) in a sparse image file, loop-mounted for the run: every
@@ -53,7 +57,7 @@
 set -uo pipefail
 export LC_ALL=C
 
-ROUNDS=5 COPIES=4 SEQ_MIB=512 FILES=4700 BINDFS=auto PEERS=auto URING=auto KEEP=0 FS=image RT_CALLS=20000
+ROUNDS=5 COPIES=4 SEQ_MIB=512 FILES=4700 BINDFS=auto PEERS=auto URING=auto KEEP=0 FS=image RT_CALLS=20000 VERSIONS=on
 while (($#)); do
     case $1 in
     --rounds) ROUNDS=$2; shift ;;
@@ -69,12 +73,14 @@ while (($#)); do
     --low-latency) INTENTFS_MOUNT_ARGS="${INTENTFS_MOUNT_ARGS:-} --low-latency" ;;
     --keep) KEEP=1 ;;
     --fs) FS=$2; shift ;;
+    --versions) VERSIONS=$2; shift ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
 done
 [[ $FS == image || $FS == dir ]] || { echo "--fs must be image or dir, not '$FS'" >&2; exit 2; }
+[[ $VERSIONS == on || $VERSIONS == off || $VERSIONS == both ]] || { echo "--versions must be on, off or both, not '$VERSIONS'" >&2; exit 2; }
 for v in ROUNDS COPIES SEQ_MIB FILES; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "$v must be a positive integer" >&2; exit 2; }
 done
@@ -103,7 +109,7 @@ if command -v rg >/dev/null; then RG="rg -c fn ."; else RG="grep -r -c fn ."; fi
 # passthrough_hp, the peer: PASSTHROUGH_HP, else built (once; later runs find the binary).
 HP_MODES=(hp_dev hp_dev_pt hp_uring hp_uring_pt)
 declare -A HP_ARGS=([hp_dev]="--nopassthrough" [hp_dev_pt]="" [hp_uring]="-o io_uring --nopassthrough" [hp_uring_pt]="-o io_uring")
-declare -A NAME=([native]=native [intentfs]=intentfs [intentfs_uring]=intentfs-uring [bindfs]=bindfs [hp_dev]=hp-dev [hp_dev_pt]=hp-dev+pt [hp_uring]=hp-uring [hp_uring_pt]=hp-uring+pt)
+declare -A NAME=([native]=native [intentfs]=intentfs [intentfs_nover]=intentfs-nover [intentfs_uring]=intentfs-uring [bindfs]=bindfs [hp_dev]=hp-dev [hp_dev_pt]=hp-dev+pt [hp_uring]=hp-uring [hp_uring_pt]=hp-uring+pt)
 HP= HP_WHY=
 if [[ $PEERS != no ]]; then
     if [[ -n ${PASSTHROUGH_HP:-} ]]; then
@@ -137,7 +143,7 @@ if [[ $FS == image ]]; then
     if command -v mkfs.ext4 >/dev/null && [[ -e /dev/loop-control ]]; then
         # Sparse: only what the run writes takes room. Inode tables and the journal are
         # written now, not by a background thread during the run.
-        size_mib=$((SEQ_MIB * 4 + COPIES * (4 + ${#HP_MODES[@]}) * 200 + 2048))
+        size_mib=$((SEQ_MIB * 5 + COPIES * (5 + ${#HP_MODES[@]}) * 200 + 2048))
         truncate -s "${size_mib}M" "$tmp/fs.img" &&
             mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$tmp/fs.img" &&
             mkdir -p "$tmp/fs" && mount -o loop "$tmp/fs.img" "$tmp/fs" && fs=$tmp/fs ||
@@ -155,13 +161,17 @@ if [[ $FS == image ]]; then
         FS=dir
     fi
 fi
-mkdir -p "$fs/native" "$fs/ws/.orchestration" "$fs/wsu/.orchestration" "$fs/bws" "$tmp/umnt"
+mkdir -p "$fs/native" "$fs/ws/.orchestration" "$fs/wsu/.orchestration" "$fs/wsn/.orchestration" "$fs/bws" "$tmp/umnt" "$tmp/nmnt"
 [[ -n $HP ]] && for m in "${HP_MODES[@]}"; do mkdir -p "$fs/$m" "$tmp/m_$m"; done
 # policies/allow-all.yaml (intent ALL, scope **), plus sensitive_read: allow: a real tree
 # has files the default sensitive patterns match (objc2-foundation's NSURLCredential.rs
 # matches `*credential*`, any case), which --approver deny would refuse to read.
 { cat "$root/policies/allow-all.yaml"; printf 'approval:\n  sensitive_read: allow\n'; } >"$fs/ws/.orchestration/active_intents.yaml"
 cp "$fs/ws/.orchestration/active_intents.yaml" "$fs/wsu/.orchestration/"
+# Versions off: for the intentfs target (--versions off), or for intentfs-nover (both).
+VERSIONS_OFF=$'versions:\n  enabled: false\n'
+{ cat "$fs/ws/.orchestration/active_intents.yaml"; printf '%s' "$VERSIONS_OFF"; } >"$fs/wsn/.orchestration/active_intents.yaml"
+[[ $VERSIONS == off ]] && printf '%s' "$VERSIONS_OFF" >>"$fs/ws/.orchestration/active_intents.yaml"
 ledger=$fs/ws/.orchestration/agent_trace.jsonl
 mnt=$tmp/mnt bmnt=$tmp/bmnt
 DAEMON=
@@ -171,11 +181,12 @@ URING_PARAM=/sys/module/fuse/parameters/enable_uring URING_OLD= TRACEFS_MOUNTED=
 
 mounted() { grep -q " $1 " /proc/mounts; }
 # Every FUSE mountpoint of the run, whether mounted yet or not.
-fuse_mounts() { echo "$mnt" "$tmp/umnt" "$bmnt"; for m in "${HP_MODES[@]}"; do echo "$tmp/m_$m"; done; }
+fuse_mounts() { echo "$mnt" "$tmp/umnt" "$tmp/nmnt" "$bmnt"; for m in "${HP_MODES[@]}"; do echo "$tmp/m_$m"; done; }
 cleanup() {
     local m pid i up=0
     if mounted "$mnt"; then "$BIN" umount "$mnt" >/dev/null 2>&1 || umount -l "$mnt" 2>/dev/null; fi
     if mounted "$tmp/umnt"; then "$BIN" umount "$tmp/umnt" >/dev/null 2>&1 || umount -l "$tmp/umnt" 2>/dev/null; fi
+    if mounted "$tmp/nmnt"; then "$BIN" umount "$tmp/nmnt" >/dev/null 2>&1 || umount -l "$tmp/nmnt" 2>/dev/null; fi
     if mounted "$bmnt"; then fusermount3 -u "$bmnt" 2>/dev/null || umount -l "$bmnt" 2>/dev/null; fi
     for m in "${HP_MODES[@]}"; do
         if mounted "$tmp/m_$m"; then umount "$tmp/m_$m" 2>/dev/null || umount -l "$tmp/m_$m" 2>/dev/null; fi
@@ -257,6 +268,18 @@ if ((HAVE_BINDFS)); then
     else
         echo "warning: bindfs mount failed: $(cat "$logs/bindfs.err")" >&2
     fi
+fi
+
+# intentfs with versions off (--versions both), beside the first: the content store's cost
+# is the difference between the two.
+NDAEMON=
+if [[ $VERSIONS == both ]]; then
+    # shellcheck disable=SC2086 # INTENTFS_MOUNT_ARGS: extra mount options, word-split
+    "$BIN" mount --intent ALL --approver deny --agent bench ${INTENTFS_MOUNT_ARGS:-} "$fs/wsn" "$tmp/nmnt" >"$logs/mount.nover.out" 2>&1 ||
+        { echo "intentfs mount (versions off) failed:" >&2; cat "$logs/mount.nover.out" >&2; exit 1; }
+    nkey=$(printf '%s' "${tmp#/}/nmnt" | sed 's/[^A-Za-z0-9.-]/_/g')
+    NDAEMON=$(cat "/run/intentfs/$nkey/pid" 2>/dev/null)
+    TARGETS+=(intentfs_nover) ACC[intentfs_nover]=$tmp/nmnt BACK[intentfs_nover]=$fs/wsn
 fi
 
 # intentfs over FUSE-over-io_uring (`--transport io-uring`), beside the /dev/fuse mount:
@@ -410,7 +433,7 @@ declare -A REQ_DELTA
 q0=$(requests) q1=$(requests)
 REQ_SELF=$((${q1:-0} - ${q0:-0}))
 # daemon TARGET: the pid of the target's FUSE daemon, when it has one we measure.
-daemon() { case $1 in intentfs) echo "$DAEMON" ;; intentfs_uring) echo "$UDAEMON" ;; hp_*) echo "${HP_PID[$1]:-}" ;; esac; }
+daemon() { case $1 in intentfs) echo "$DAEMON" ;; intentfs_nover) echo "$NDAEMON" ;; intentfs_uring) echo "$UDAEMON" ;; hp_*) echo "${HP_PID[$1]:-}" ;; esac; }
 alive() { local p; p=$(daemon "$1"); [[ -z $p ]] || kill -0 "$p" 2>/dev/null; }
 # CPU the process has used (every thread, live or exited), in clock ticks: utime + stime of
 # /proc/<pid>/stat (fields 14 and 15; neither daemon's name has a space in it).
@@ -452,7 +475,7 @@ timed() {
 fail() {
     local msg="$1 on $2 (round $3): $4; repro: $5"
     [[ -s ${6:-} ]] && msg+=$'\n      stderr: '"$(tail -3 "$6" | tr '\n' ' ' | cut -c1-300)"
-    if [[ $2 == hp_* || $2 == intentfs_uring ]] && ! alive "$2"; then
+    if [[ $2 == hp_* || $2 == intentfs_uring || $2 == intentfs_nover ]] && ! alive "$2"; then
         DEAD[$2]=1
         msg+=$'\n      passthrough_hp (pid '"${HP_PID[$2]}"') is gone: see '"$logs/$2.log"
     elif [[ $2 == intentfs ]]; then
@@ -726,6 +749,17 @@ echo "(medians over $ROUNDS round(s), ms; ratio = to native; seq = $SEQ_MIB MiB$
 ((${#HPS[@]})) && echo "(best hp = the fastest passthrough_hp mode of the workload; vs best = intentfs / that mode's time;"
 ((${#HPS[@]})) && echo " uring vs best = intentfs over FUSE-over-io_uring / that mode's time)"
 
+# The content store's cost: intentfs (versions on) over intentfs-nover (versions off).
+if [[ -n $NDAEMON ]]; then
+    echo
+    printf '%-15s %10s %10s %8s\n' "workload (ms)" "versions" "no vers." "cost"
+    for wl in "${WLS[@]}"; do
+        a=$(median "$wl" intentfs) b=$(median "$wl" intentfs_nover)
+        printf '%-15s %10s %10s %8s\n' "$wl" "$(ms "$a")" "$(ms "$b")" "$(ratio "$a" "$b")"
+    done
+    echo "(cost = intentfs with the content store / intentfs without it, medians)"
+fi
+
 # intentfs against its targets, and what each daemon spent on the CPU.
 echo
 printf '%-15s %7s %5s %8s %9s %8s   %s' workload target met ledger requests "+µs/req" "daemon CPU ms/round:"
@@ -781,6 +815,16 @@ if [[ -n $UDAEMON ]]; then
     "$BIN" umount "$tmp/umnt" >"$logs/umount.uring.out" 2>&1 || fail umount intentfs_uring - "intentfs umount failed" "$BIN umount $tmp/umnt" "$logs/umount.uring.out"
     "$BIN" ledger verify --ledger "$fs/wsu/.orchestration/agent_trace.jsonl" >"$logs/verify.uring.txt" 2>&1 ||
         fail ledger_verify intentfs_uring - "intentfs ledger verify failed" "$BIN ledger verify --ledger $fs/wsu/.orchestration/agent_trace.jsonl" "$logs/verify.uring.txt"
+fi
+if [[ -n $NDAEMON ]]; then
+    "$BIN" umount "$tmp/nmnt" >"$logs/umount.nover.out" 2>&1 || fail umount intentfs_nover - "intentfs umount failed" "$BIN umount $tmp/nmnt" "$logs/umount.nover.out"
+fi
+# What the content store kept over the run (the rounds' files are gone; their versions stay
+# until `intentfs gc`).
+store=$fs/ws/.orchestration/objects
+if [[ -d $store ]]; then
+    echo "content store ($([[ $VERSIONS == off ]] && echo "versions off" || echo "versions on")): $(find "$store" -type f \( -name '*.zst' -o -name '*.raw' \) | wc -l) objects," \
+        "$(du -sm "$store" | cut -f1) MiB on disk, for $(find "$store" -type f -name '*.zst' -printf '%s\n' | wc -l) zstd frames"
 fi
 echo "ledger: $(entries) entries"
 if "$BIN" ledger verify --ledger "$ledger" >"$logs/verify.txt" 2>&1; then

@@ -228,6 +228,10 @@ fn a_thousand_files_with_the_same_content_are_one_object() {
     );
     // The empty content every CREATE names resolves without an object.
     assert_eq!(assert_all_resolve(&store, &l), 2000);
+    // What the daemon says it did: one object written, 999 puts answered by it.
+    let v = &tm.status()["counters"]["versions"];
+    assert_eq!(v["written"], 1, "{v}");
+    assert_eq!(v["deduplicated"], 999, "{v}");
 }
 
 #[test]
