@@ -23,7 +23,7 @@ pub struct BlameArgs {
     /// Print the attribution as JSON.
     #[arg(long)]
     pub json: bool,
-    /// The content store (default: WORKSPACE/.orchestration/objects).
+    /// The content store (default: the one the workspace was last mounted with).
     #[arg(long, value_name = "DIR")]
     pub store: Option<PathBuf>,
 }
@@ -131,7 +131,7 @@ pub fn run(a: BlameArgs) -> anyhow::Result<ExitCode> {
     let (ws, ledger, _) = super::ledger::resolve(ws, a.ledger)?;
     let rel = relative(&ws, &path)?;
     // The recorded versions: a file changed outside the mount is diffed against its last.
-    let store = super::restore::open_store(&ws, a.store.as_deref())?;
+    let store = super::restore::open_store(&ws, &ledger, a.store.as_deref())?;
     let lookup = |h: &str| store.as_ref().and_then(|s| s.get(h).ok().flatten());
     let report = blame_with(&ledger, &ws, &rel, &lookup)
         .with_context(|| format!("cannot blame {:?}", rel.display().to_string()))?;

@@ -52,7 +52,7 @@ pub struct DiffArgs {
     /// The ledger file (default: WORKSPACE/.orchestration/agent_trace.jsonl).
     #[arg(long, value_name = "FILE")]
     pub ledger: Option<PathBuf>,
-    /// The content store (default: WORKSPACE/.orchestration/objects).
+    /// The content store (default: the one the workspace was last mounted with).
     #[arg(long, value_name = "DIR")]
     pub store: Option<PathBuf>,
 }
@@ -68,7 +68,7 @@ pub fn run(a: DiffArgs) -> anyhow::Result<ExitCode> {
         _ => anyhow::bail!("give [WORKSPACE] [ENTRY]"),
     };
     let (ws, ledger, _) = super::ledger::resolve(ws, a.ledger.clone())?;
-    let store = super::restore::open_store(&ws, a.store.as_deref())?;
+    let store = super::restore::open_store(&ws, &ledger, a.store.as_deref())?;
     let entries = crate::ledger::read_entries(&ledger)
         .with_context(|| format!("cannot read {:?}", ledger.display().to_string()))?;
     let now = Utc::now();

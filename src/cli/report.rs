@@ -34,7 +34,7 @@ pub struct ReportArgs {
     /// The ledger file (default: WORKSPACE/.orchestration/agent_trace.jsonl).
     #[arg(long, value_name = "FILE")]
     pub ledger: Option<PathBuf>,
-    /// The content store (default: WORKSPACE/.orchestration/objects).
+    /// The content store (default: the one the workspace was last mounted with).
     #[arg(long, value_name = "DIR")]
     pub store: Option<PathBuf>,
 }
@@ -42,7 +42,7 @@ pub struct ReportArgs {
 /// Runs `intentfs report`.
 pub fn run(a: ReportArgs) -> anyhow::Result<ExitCode> {
     let (ws, ledger, _) = super::ledger::resolve(a.workspace.clone(), a.ledger.clone())?;
-    let store = super::restore::open_store(&ws, a.store.as_deref())?;
+    let store = super::restore::open_store(&ws, &ledger, a.store.as_deref())?;
     let entries = crate::ledger::read_entries(&ledger)
         .with_context(|| format!("cannot read {:?}", ledger.display().to_string()))?;
     let chain = verify_chain(&ledger)

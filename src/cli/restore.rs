@@ -92,7 +92,7 @@ pub struct Common {
     /// The ledger file (default: WORKSPACE/.orchestration/agent_trace.jsonl).
     #[arg(long, value_name = "FILE")]
     pub ledger: Option<PathBuf>,
-    /// The content store (default: WORKSPACE/.orchestration/objects).
+    /// The content store (default: the one the workspace was last mounted with).
     #[arg(long, value_name = "DIR")]
     pub store: Option<PathBuf>,
 }
@@ -130,11 +130,12 @@ pub fn rel_path(ws: &Path, p: &Path) -> anyhow::Result<PathBuf> {
         })
 }
 
-/// The store of a workspace (`--store` or the default), if it exists.
-pub fn open_store(ws: &Path, given: Option<&Path>) -> anyhow::Result<Option<Store>> {
+/// The store of a workspace (`--store`, else the one it was last mounted with, else the
+/// default), if it exists.
+pub fn open_store(ws: &Path, ledger: &Path, given: Option<&Path>) -> anyhow::Result<Option<Store>> {
     let dir = given
         .map(Path::to_path_buf)
-        .unwrap_or_else(|| Store::default_dir(ws));
+        .unwrap_or_else(|| crate::store::dir_of(ws, ledger));
     Store::open_existing(&dir).with_context(|| {
         format!(
             "cannot open the content store {:?}",
@@ -159,7 +160,7 @@ fn execute(
     req: RestoreRequest,
     common: &Common,
 ) -> anyhow::Result<Report> {
-    let store = open_store(ws, common.store.as_deref())?;
+    let store = open_store(ws, ledger, common.store.as_deref())?;
     if common.dry_run {
         let entries = crate::ledger::read_entries(ledger)
             .with_context(|| format!("cannot read {:?}", ledger.display().to_string()))?;

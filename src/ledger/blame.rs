@@ -320,3 +320,22 @@ pub fn blame_with(
         lines,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::lines_kept;
+
+    #[test]
+    fn lines_kept_follow_insertions_and_edits() {
+        let old = b"a\nb\nc\n";
+        assert_eq!(
+            lines_kept(old, b"a\nb\nc\nd\n"),
+            vec![Some(0), Some(1), Some(2), None]
+        );
+        assert_eq!(
+            lines_kept(old, b"new\na\nB\nc\n"),
+            vec![None, Some(0), None, Some(2)]
+        );
+        assert_eq!(lines_kept(old, b""), Vec::<Option<usize>>::new());
+    }
+}

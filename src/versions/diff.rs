@@ -95,12 +95,9 @@ fn content(
             e.content_hash.as_deref() == Some(h) || e.prev_content_hash.as_deref() == Some(h)
         })
         .find_map(|(_, e)| not_kept_reason(e));
-    Err(match (reason, store) {
-        (Some(r), _) => format!("version {h} not kept: {r}"),
-        (None, None) => format!("version {h}: this workspace has no content store"),
-        (None, Some(_)) => format!(
-            "version {h} is not in the store (recorded before versions were kept, or removed by gc)"
-        ),
+    Err(match reason {
+        Some(r) => format!("version {h} not kept: {r}"),
+        None => super::missing_reason(store, h),
     })
 }
 

@@ -23,6 +23,26 @@ use crate::ledger::entry::Entry;
 use crate::ledger::reader::Filter;
 use crate::store::Store;
 
+/// Why the store has no `hash` though an entry named it and recorded no reason: a `gc` run
+/// removed it (when, and why), or it was never kept.
+pub fn missing_reason(store: Option<&Store>, hash: &str) -> String {
+    let Some(s) = store else {
+        return format!("version {hash}: this workspace has no content store");
+    };
+    match crate::store::gc::removal_of(s, hash) {
+        Ok(Some((when, r))) => format!(
+            "version {hash} was removed by `intentfs gc` at {when} ({})",
+            match r.why {
+                crate::store::gc::Why::Expired => "older than the retention",
+                crate::store::gc::Why::OverBudget => "the store was over its size budget",
+            }
+        ),
+        _ => format!(
+            "version {hash} is not in the content store (recorded before versions were kept)"
+        ),
+    }
+}
+
 fn time(s: &str, what: &str) -> Result<DateTime<Utc>, String> {
     DateTime::parse_from_rfc3339(s)
         .map(|t| t.with_timezone(&Utc))

@@ -131,8 +131,7 @@ fn available(store: Option<&Store>, hash: &str, e: &Entry) -> Result<(), String>
     }
     Err(match not_kept_reason(e) {
         Some(r) => format!("version {hash} was not kept: {r}"),
-        None if store.is_none() => format!("version {hash}: this workspace has no content store"),
-        None => format!("version {hash} is not in the content store (recorded before versions were kept, or removed by gc)"),
+        None => super::missing_reason(store, hash),
     })
 }
 
@@ -750,6 +749,12 @@ fn run_step(
                 } else {
                     ""
                 }
+            )));
+        }
+        if store.is_none() && matches!(now, Node::File { .. }) {
+            return Err(StepError::Failed(format!(
+                "{}: --force keeps the version it overwrites in the content store, and this workspace has none",
+                step.what
             )));
         }
         forced = true;
