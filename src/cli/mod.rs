@@ -79,7 +79,7 @@ enum Command {
     Diff(diff::DiffArgs),
     /// Put a recorded version of a file back (deleted files too).
     Restore(restore::RestoreArgs),
-    /// Undo an agent's, an intent's or a period's changes, latest first, without clobbering others'.
+    /// Undo an agent's, intent's or period's changes, latest first, sparing others' later work.
     Rewind(restore::RewindArgs),
     /// Write the audit report of a workspace (self-contained HTML, or JSON).
     Report(report::ReportArgs),
@@ -97,13 +97,16 @@ enum Command {
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
     // Commands that print for a pipe (`intentfs log | head`) end quietly when it closes,
-    // as other Unix tools do. (Not the daemon: a closed socket must not kill it.)
+    // as other Unix tools do. (Not the daemon: a closed socket must not kill it. `restore`
+    // and `rewind` print only once their work is done and on record.)
     if matches!(
         cli.command,
         Command::Log(_)
             | Command::Blame(_)
             | Command::Diff(_)
             | Command::Report(_)
+            | Command::Restore(_)
+            | Command::Rewind(_)
             | Command::Ledger(_)
             | Command::CheckPolicy(_)
             | Command::Approvals(_)
