@@ -143,6 +143,10 @@ fn rewind_agent_returns_the_tree_byte_for_byte_and_keeps_what_others_did() {
     );
     std::fs::write(l.ws.join("human.txt"), "human, later\n").unwrap();
 
+    // The kernel holds everything through the mount now (names, attributes, pages): the
+    // rewind must make it drop what it changes.
+    assert_eq!(files(&l.mnt), files(&l.ws));
+
     // A dry run changes nothing and reports the conflict.
     let snapshot = files(&l.ws);
     let dry = cli(&[

@@ -238,10 +238,11 @@ pub fn by_id<'a>(entries: &'a [(u64, Entry)], id: &str) -> Option<&'a Entry> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::ledger::entry::Agent;
 
+    /// An entry by alice (INT-1) on `path`, at second `line` of a minute.
     pub(crate) fn entry(line: u64, mt: MutationType, path: &str) -> (u64, Entry) {
         (
             line,

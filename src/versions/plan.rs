@@ -659,7 +659,14 @@ pub fn apply(
                 skip(&mut report, reason, false);
             }
             Err(StepError::Unrecorded(reason)) => {
-                skip(&mut report, reason.clone(), false);
+                skip(
+                    &mut report,
+                    format!(
+                        "{}: made, but its ledger entry could not be written ({reason}); stopped here (`intentfs ledger verify` shows the path)",
+                        step.what
+                    ),
+                    false,
+                );
                 stopped = Some(reason);
             }
         }
@@ -1018,4 +1025,108 @@ pub fn draft(c: &Change<'_>, agent: &Agent, command: &str, run: &str) -> Draft {
     }
     d.detail = Some(detail);
     d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::sha256_bytes;
+    use crate::versions::history::tests::entry;
+    use crate::versions::tree::Disk;
+
+    fn by(mut e: (u64, Entry), agent: &str) -> (u64, Entry) {
+        if let Some(a) = e.1.agent.as_mut() {
+            a.name = agent.into();
+        }
+        e
+    }
+
+    /// Alice wrote `a` and `b`, made `d/f`, removed the symlink `l`; bob then wrote `b`.
+    /// Rewinding alice puts `a` back, removes `d/f` and `d`, makes `l` again, and leaves
+    /// `b` (bob's) alone as a conflict, with alice's earlier write there blocked too.
+    #[test]
+    fn rewind_undoes_in_reverse_and_leaves_others_changes_as_conflicts() {
+        let t = tempfile::tempdir().unwrap();
+        let ws = t.path();
+        let store = Store::open(&ws.join("objects")).unwrap();
+        let h = |s: &str| store.put_bytes(s.as_bytes()).unwrap();
+        let (a0, a1, b0, b1, b2) = (h("a0\n"), h("a1\n"), h("b0\n"), h("b1\n"), h("b2\n"));
+        std::fs::write(ws.join("a"), "a1\n").unwrap();
+        std::fs::write(ws.join("b"), "b2\n").unwrap();
+        std::fs::create_dir(ws.join("d")).unwrap();
+        std::fs::write(ws.join("d/f"), "").unwrap();
+        let mut es = Vec::new();
+        let mut w = entry(1, MutationType::Write, "a");
+        (w.1.prev_content_hash, w.1.content_hash) = (Some(a0.clone()), Some(a1));
+        es.push(w);
+        let mut w = entry(2, MutationType::Write, "b");
+        (w.1.prev_content_hash, w.1.content_hash) = (Some(b0), Some(b1.clone()));
+        es.push(w);
+        es.push(entry(3, MutationType::Mkdir, "d"));
+        let mut c = entry(4, MutationType::Create, "d/f");
+        c.1.content_hash = Some(empty_hash());
+        es.push(c);
+        let mut d = entry(5, MutationType::Delete, "l");
+        d.1.detail = Some(serde_json::json!({"target": "a"}));
+        es.push(d);
+        let mut w = by(entry(6, MutationType::Write, "b"), "bob");
+        (w.1.prev_content_hash, w.1.content_hash) = (Some(b1), Some(b2));
+        es.push(w);
+        let filter = Filter {
+            agent: Some("alice".into()),
+            ..Default::default()
+        };
+        let plan = rewind(&es, &filter, Some(&store));
+        let order: Vec<(u64, &str)> = plan
+            .steps
+            .iter()
+            .map(|s| (s.line, s.path.to_str().unwrap()))
+            .collect();
+        assert_eq!(
+            order,
+            vec![(5, "l"), (4, "d/f"), (3, "d"), (2, "b"), (1, "a")]
+        );
+        let mut disk = Disk::open(ws).unwrap();
+        let mut recorded = Vec::new();
+        let r = apply(&plan, &mut disk, Some(&store), false, &mut |c| {
+            recorded.push(c.step.path.clone());
+            Ok(())
+        });
+        assert_eq!(std::fs::read_to_string(ws.join("a")).unwrap(), "a0\n");
+        assert_eq!(std::fs::read_link(ws.join("l")).unwrap(), Path::new("a"));
+        assert!(!ws.join("d").exists());
+        assert_eq!(
+            std::fs::read_to_string(ws.join("b")).unwrap(),
+            "b2\n",
+            "bob's stays"
+        );
+        assert_eq!(r.removed.len(), 2);
+        assert_eq!(r.restored.len(), 2);
+        let conflict: Vec<&Skipped> = r.skipped.iter().filter(|s| s.conflict).collect();
+        assert_eq!(conflict.len(), 1, "{r:#?}");
+        assert!(
+            conflict[0].reason.contains("changed by someone else"),
+            "{r:#?}"
+        );
+        assert_eq!(recorded.len(), 4, "one record per change");
+
+        // A failing record stops the run: nothing after it is attempted.
+        std::fs::write(ws.join("a"), "a1\n").unwrap();
+        let plan = rewind(&es[..1], &filter, Some(&store));
+        let r = apply(&plan, &mut disk, Some(&store), false, &mut |_| {
+            Err("disk full".into())
+        });
+        assert!(
+            r.restored.is_empty() && r.skipped[0].reason.contains("disk full"),
+            "{r:#?}"
+        );
+
+        // --force overwrites bob's version, keeping it.
+        let plan = rewind(&es, &filter, Some(&store));
+        let r = apply(&plan, &mut disk, Some(&store), true, &mut |_| Ok(()));
+        assert_eq!(std::fs::read_to_string(ws.join("b")).unwrap(), "b0\n");
+        let forced = r.restored.iter().find(|d| d.forced).unwrap();
+        assert_eq!(forced.kept.as_deref(), Some(sha256_bytes(b"b2\n").as_str()));
+        assert!(store.has(&sha256_bytes(b"b2\n")));
+    }
 }

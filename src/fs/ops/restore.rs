@@ -100,6 +100,11 @@ impl Fs {
         let ledger = self.gate.ledger.as_ref().ok_or_else(|| {
             "this mount has no ledger: there is nothing on record to restore".to_string()
         })?;
+        // Nothing changes off the record: a ledger that cannot take entries refuses the run
+        // (a failure in the middle stops it, see `apply`).
+        ledger
+            .health()
+            .map_err(|e| format!("the ledger cannot be written: {e}"))?;
         let entries = crate::ledger::read_entries(ledger.path())
             .map_err(|e| format!("cannot read the ledger: {e}"))?;
         let store = self.store().map(|s| s.as_ref());
