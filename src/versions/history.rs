@@ -144,7 +144,8 @@ impl History {
                 }
                 MutationType::Rename => {
                     let Some(from) = e.from_buf() else { continue };
-                    let moved = h.current(&from);
+                    // The content moved: as recorded at the source, else as the entry hashed it.
+                    let moved = h.current(&from).or_else(|| e.content_hash.clone());
                     let exchange = detail_str(e, "exchange").is_some()
                         || e.detail
                             .as_ref()

@@ -67,7 +67,10 @@ impl Tree for Kernel<'_> {
         self.change(&[p], |d| d.put(p, data, mode))
     }
     fn remove(&mut self, p: &Path) -> io::Result<()> {
-        self.change(&[p], |d| d.remove(p))
+        self.change(&[p], |d| d.remove(p))?;
+        // A tool's temporary removed by a rewind is no longer one (as at an unlink).
+        self.fs.gate.temps.remove(p);
+        Ok(())
     }
     fn rmdir(&mut self, p: &Path) -> io::Result<()> {
         self.change(&[p], |d| d.rmdir(p))
@@ -79,7 +82,9 @@ impl Tree for Kernel<'_> {
         self.change(&[p], |d| d.symlink(p, target))
     }
     fn rename(&mut self, from: &Path, to: &Path) -> io::Result<()> {
-        self.change(&[from, to], |d| d.rename(from, to))
+        self.change(&[from, to], |d| d.rename(from, to))?;
+        self.fs.gate.temps.remove(from);
+        Ok(())
     }
     fn exchange(&mut self, a: &Path, b: &Path) -> io::Result<()> {
         self.change(&[a, b], |d| d.exchange(a, b))
