@@ -104,6 +104,11 @@ pub struct Skipped {
 pub struct Plan {
     pub steps: Vec<Step>,
     pub skipped: Vec<Skipped>,
+    /// Paths where a change could not be undone (its version not kept...), with the number
+    /// of steps planned before it: the steps after that at the path (earlier changes)
+    /// would build on a state that is not there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked: Vec<(PathBuf, usize)>,
 }
 
 fn who(e: &Entry) -> String {
@@ -201,6 +206,7 @@ pub fn rewind(entries: &[(u64, Entry)], filter: &Filter, store: Option<&Store>) 
             line: *line,
             what: what(e, "undo"),
         };
+        // Something not undone: what was before it at the path cannot be put back on top.
         let skip = |plan: &mut Plan, reason: String| {
             plan.skipped.push(Skipped {
                 path: show(&path),
@@ -208,7 +214,8 @@ pub fn rewind(entries: &[(u64, Entry)], filter: &Filter, store: Option<&Store>) 
                 line: Some(*line),
                 reason,
                 conflict: false,
-            })
+            });
+            plan.blocked.push((path.clone(), plan.steps.len()));
         };
         match e.mutation_type {
             MutationType::Write | MutationType::Truncate => {
@@ -351,13 +358,18 @@ pub fn rewind(entries: &[(u64, Entry)], filter: &Filter, store: Option<&Store>) 
             }
             MutationType::Chown | MutationType::Xattr | MutationType::Utimes
                 if made.get(&path).is_some_and(|l| l < line) => {}
-            MutationType::Chown | MutationType::Xattr | MutationType::Utimes => skip(
-                &mut plan,
-                format!(
+            MutationType::Chown | MutationType::Xattr | MutationType::Utimes => {
+                plan.skipped.push(Skipped {
+                    path: show(&path),
+                    entry: Some(e.id.clone()),
+                    line: Some(*line),
+                    reason: format!(
                     "{} is not undone (owners, extended attributes and times are not versioned)",
                     e.mutation_type.as_str()
                 ),
-            ),
+                    conflict: false,
+                })
+            }
             _ => {}
         }
     }
@@ -444,6 +456,7 @@ pub fn restore(
                             what: what(entry, "version before"),
                         }],
                         skipped: Vec::new(),
+                        blocked: Vec::new(),
                     });
                 }
                 None => {
@@ -498,6 +511,7 @@ pub fn restore(
             what: what(entry, "version after"),
         }],
         skipped: Vec::new(),
+        blocked: Vec::new(),
     })
 }
 
@@ -603,11 +617,15 @@ pub fn apply(
         skipped: plan.skipped.clone(),
         ..Default::default()
     };
-    // Paths a conflict left as someone else made them: earlier steps there would build on
-    // a state that is not there.
-    let mut blocked: Vec<PathBuf> = Vec::new();
+    // Paths left as they are (a conflict: someone else's change; or a change not undone),
+    // from a step on: earlier changes there would build on a state that is not there.
+    let mut blocked: Vec<(PathBuf, usize, bool)> = plan
+        .blocked
+        .iter()
+        .map(|(p, from)| (p.clone(), *from, false))
+        .collect();
     let mut stopped: Option<String> = None;
-    for step in &plan.steps {
+    for (i, step) in plan.steps.iter().enumerate() {
         let skip = |report: &mut Report, reason: String, conflict: bool| {
             report.skipped.push(Skipped {
                 path: show(&step.path),
@@ -626,18 +644,18 @@ pub fn apply(
             Action::Exchange { with } => vec![&step.path, with],
             _ => vec![&step.path],
         };
-        if let Some(b) = blocked
-            .iter()
-            .find(|b| targets.iter().any(|t| t.starts_with(b) || b.starts_with(t)))
-        {
+        if let Some((b, _, conflict)) = blocked.iter().find(|(b, from, _)| {
+            i >= *from && targets.iter().any(|t| t.starts_with(b) || b.starts_with(t))
+        }) {
+            let why = if *conflict {
+                format!("{} was changed by someone else after this", show(b))
+            } else {
+                format!("a later change at {} could not be undone (above)", show(b))
+            };
             skip(
                 &mut report,
-                format!(
-                    "{}: left as it is, since {} was changed by someone else after this",
-                    step.what,
-                    show(b)
-                ),
-                true,
+                format!("{}: left as it is, since {why}", step.what),
+                *conflict,
             );
             continue;
         }
@@ -651,11 +669,11 @@ pub fn apply(
             }
             Ok(None) => {}
             Err(StepError::Conflict(reason)) => {
-                blocked.push(step.path.clone());
+                blocked.push((step.path.clone(), i, true));
                 skip(&mut report, reason, true);
             }
             Err(StepError::Failed(reason)) => {
-                blocked.push(step.path.clone());
+                blocked.push((step.path.clone(), i, false));
                 skip(&mut report, reason, false);
             }
             Err(StepError::Unrecorded(reason)) => {
@@ -744,6 +762,13 @@ fn run_step(
     let now = tree.node(p).map_err(|e| io_fail(step, e))?;
     let mut forced = false;
     if let Err(forceable) = check(&step.expect, &now) {
+        // What --force may overwrite: a file, by putting a version over it, removing it,
+        // renaming it back or resetting its mode; never a directory or a symlink.
+        let forceable = forceable
+            && matches!(
+                step.action,
+                Action::Put { .. } | Action::Remove | Action::Rename { .. } | Action::Chmod { .. }
+            );
         if !(force && forceable) {
             return Err(StepError::Conflict(format!(
                 "{}: {} holds {} now, not {}: changed by someone else since{}",
@@ -1128,5 +1153,35 @@ mod tests {
         let forced = r.restored.iter().find(|d| d.forced).unwrap();
         assert_eq!(forced.kept.as_deref(), Some(sha256_bytes(b"b2\n").as_str()));
         assert!(store.has(&sha256_bytes(b"b2\n")));
+    }
+
+    /// A change that cannot be undone (its version was not kept) leaves the earlier changes
+    /// at that path alone, saying why, instead of calling the path someone else's.
+    #[test]
+    fn a_change_not_undone_blocks_the_earlier_ones_at_its_path() {
+        let t = tempfile::tempdir().unwrap();
+        let store = Store::open(&t.path().join("objects")).unwrap();
+        let c0 = store.put_bytes(b"c0").unwrap();
+        let mut w = entry(1, MutationType::Write, "c");
+        (w.1.prev_content_hash, w.1.content_hash) = (Some(c0), Some(sha256_bytes(b"c1")));
+        let mut d = entry(2, MutationType::Delete, "c");
+        d.1.prev_content_hash = Some(sha256_bytes(b"c1"));
+        d.1.detail =
+            Some(serde_json::json!({"version": {"kept": false, "reason": "over the cap"}}));
+        let plan = rewind(&[w, d], &Filter::default(), Some(&store));
+        assert_eq!(plan.skipped.len(), 1);
+        assert!(
+            plan.skipped[0].reason.contains("not kept: over the cap"),
+            "{plan:#?}"
+        );
+        let mut disk = Disk::open(t.path()).unwrap();
+        let r = apply(&plan, &mut disk, Some(&store), true, &mut |_| Ok(()));
+        assert!(r.restored.is_empty(), "{r:#?}");
+        let blocked = &r.skipped[1];
+        assert!(
+            !blocked.conflict && blocked.reason.contains("could not be undone"),
+            "{r:#?}"
+        );
+        assert!(!t.path().join("c").exists());
     }
 }
