@@ -252,13 +252,30 @@ pub fn rewind(entries: &[(u64, Entry)], filter: &Filter, store: Option<&Store>) 
                     &path,
                 ));
             }
-            MutationType::Create => plan.steps.push(step(
-                Expect::File {
-                    hash: Some(e.content_hash.clone().unwrap_or_else(empty_hash)),
-                },
-                Action::Remove,
-                &path,
-            )),
+            MutationType::Create => {
+                // The creating handle's WRITE, undone just before (its file emptied): one
+                // removal of the file as that WRITE left it does both.
+                let last = plan.steps.iter().rposition(|s| s.path == path);
+                let empty = Action::Put {
+                    content: empty_hash(),
+                    mode: None,
+                };
+                let mut st = step(
+                    Expect::File {
+                        hash: Some(e.content_hash.clone().unwrap_or_else(empty_hash)),
+                    },
+                    Action::Remove,
+                    &path,
+                );
+                match last {
+                    Some(j) if plan.steps[j].action == empty => {
+                        st.expect = plan.steps[j].expect.clone();
+                        st.what = format!("{} (and the WRITE that filled it)", st.what);
+                        plan.steps[j] = st;
+                    }
+                    _ => plan.steps.push(st),
+                }
+            }
             MutationType::Mknod | MutationType::Link => {
                 plan.steps.push(step(Expect::Exists, Action::Remove, &path))
             }
