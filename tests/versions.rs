@@ -195,7 +195,8 @@ fn rewind_agent_returns_the_tree_byte_for_byte_and_keeps_what_others_did() {
         }
     }
     assert_eq!(files(&l.ws), want);
-    // The mount shows the same (its caches dropped what they held).
+    // The mount shows the same. (That the kernel drops what it cached of a restored name
+    // before the command returns is what the restore test checks: it fails without it.)
     assert_eq!(
         files(&l.mnt),
         want,
