@@ -8,7 +8,7 @@
 #
 # Usage: sudo bench/run.sh [--rounds N] [--copies K] [--quick] [--seq-mib M] [--files F]
 #                          [--with-bindfs | --no-bindfs] [--with-peers | --no-peers]
-#                          [--low-latency] [--keep] [--fs image|dir]
+#                          [--low-latency] [--keep] [--fs image|dir] [--versions on|off|both]
 #   --rounds N      rounds per workload (default 5); the table shows medians over them
 #   --copies K      copies of the source tree unpacked by `tar x` (default 4)
 #   --seq-mib M     size of the sequential write/read file (default 512)
@@ -20,6 +20,10 @@
 #   --no-uring      skip intentfs-uring (intentfs mounted with --transport io-uring, beside
 #                   the /dev/fuse mount; it runs when enable_uring can be set, and is put
 #                   back at exit) and intentfs-uring-pt
+#   --versions V    the content store (every version of every changed file kept, zstd):
+#                   on (default, as mounts run), off (the policy's versions.enabled: false),
+#                   or both: a second intentfs mount, intentfs-nover, with versions off,
+#                   beside the first, to read the store's cost from one run
 #   --no-pt         skip intentfs-pt and intentfs-uring-pt (intentfs with --data
 #                   passthrough: the kernel reads and writes files, decisions at open;
 #                   docs/passthrough.md), which run when the kernel offers FUSE passthrough
@@ -56,7 +60,7 @@
 set -uo pipefail
 export LC_ALL=C
 
-ROUNDS=5 COPIES=4 SEQ_MIB=512 FILES=4700 BINDFS=auto PEERS=auto URING=auto PT=auto KEEP=0 FS=image RT_CALLS=20000
+ROUNDS=5 COPIES=4 SEQ_MIB=512 FILES=4700 BINDFS=auto PEERS=auto URING=auto PT=auto KEEP=0 FS=image RT_CALLS=20000 VERSIONS=on
 while (($#)); do
     case $1 in
     --rounds) ROUNDS=$2; shift ;;
@@ -70,6 +74,7 @@ while (($#)); do
     --no-peers) PEERS=no ;;
     --no-uring) URING=no ;;
     --no-pt) PT=no ;;
+    --versions) VERSIONS=$2; shift ;;
     --low-latency) INTENTFS_MOUNT_ARGS="${INTENTFS_MOUNT_ARGS:-} --low-latency" ;;
     --keep) KEEP=1 ;;
     --fs) FS=$2; shift ;;
@@ -86,6 +91,7 @@ done
 [[ -c /dev/fuse ]] || { echo "no /dev/fuse" >&2; exit 1; }
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+[[ $VERSIONS == on || $VERSIONS == off || $VERSIONS == both ]] || { echo "--versions must be on, off or both, not '$VERSIONS'" >&2; exit 2; }
 BIN=${INTENTFS:-}
 if [[ -z $BIN ]]; then
     for c in "$root/target/release/intentfs" "$root/target/debug/intentfs"; do
@@ -107,7 +113,7 @@ if command -v rg >/dev/null; then RG="rg -c fn ."; else RG="grep -r -c fn ."; fi
 # passthrough_hp, the peer: PASSTHROUGH_HP, else built (once; later runs find the binary).
 HP_MODES=(hp_dev hp_dev_pt hp_uring hp_uring_pt)
 declare -A HP_ARGS=([hp_dev]="--nopassthrough" [hp_dev_pt]="" [hp_uring]="-o io_uring --nopassthrough" [hp_uring_pt]="-o io_uring")
-declare -A NAME=([native]=native [intentfs]=intentfs [intentfs_uring]=intentfs-uring [intentfs_pt]=intentfs-pt [intentfs_upt]=intentfs-uring-pt [bindfs]=bindfs [hp_dev]=hp-dev [hp_dev_pt]=hp-dev+pt [hp_uring]=hp-uring [hp_uring_pt]=hp-uring+pt)
+declare -A NAME=([native]=native [intentfs]=intentfs [intentfs_nover]=intentfs-nover [intentfs_uring]=intentfs-uring [intentfs_pt]=intentfs-pt [intentfs_upt]=intentfs-uring-pt [bindfs]=bindfs [hp_dev]=hp-dev [hp_dev_pt]=hp-dev+pt [hp_uring]=hp-uring [hp_uring_pt]=hp-uring+pt)
 HP= HP_WHY=
 if [[ $PEERS != no ]]; then
     if [[ -n ${PASSTHROUGH_HP:-} ]]; then
@@ -141,7 +147,7 @@ if [[ $FS == image ]]; then
     if command -v mkfs.ext4 >/dev/null && [[ -e /dev/loop-control ]]; then
         # Sparse: only what the run writes takes room. Inode tables and the journal are
         # written now, not by a background thread during the run.
-        size_mib=$((SEQ_MIB * 4 + COPIES * (4 + ${#HP_MODES[@]}) * 200 + 2048))
+        size_mib=$((SEQ_MIB * 7 + COPIES * (7 + ${#HP_MODES[@]}) * 200 + 2048))
         truncate -s "${size_mib}M" "$tmp/fs.img" &&
             mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$tmp/fs.img" &&
             mkdir -p "$tmp/fs" && mount -o loop "$tmp/fs.img" "$tmp/fs" && fs=$tmp/fs ||
@@ -162,10 +168,11 @@ fi
 mkdir -p "$fs/native" "$fs/ws/.orchestration" "$fs/bws"
 # intentfs variants mounted beside the /dev/fuse one: their mount options, workspaces and
 # mountpoints (the same binary and policy).
-VARIANTS=(intentfs_uring intentfs_pt intentfs_upt)
-declare -A VARGS=([intentfs_uring]="--transport io-uring" [intentfs_pt]="--data passthrough" [intentfs_upt]="--transport io-uring --data passthrough")
-declare -A VWS=([intentfs_uring]=$fs/wsu [intentfs_pt]=$fs/wsp [intentfs_upt]=$fs/wsq)
-declare -A VMNT=([intentfs_uring]=$tmp/umnt [intentfs_pt]=$tmp/pmnt [intentfs_upt]=$tmp/qmnt)
+# (intentfs-nover: the same mount with the content store off, for --versions both.)
+VARIANTS=(intentfs_nover intentfs_uring intentfs_pt intentfs_upt)
+declare -A VARGS=([intentfs_nover]="" [intentfs_uring]="--transport io-uring" [intentfs_pt]="--data passthrough" [intentfs_upt]="--transport io-uring --data passthrough")
+declare -A VWS=([intentfs_nover]=$fs/wsn [intentfs_uring]=$fs/wsu [intentfs_pt]=$fs/wsp [intentfs_upt]=$fs/wsq)
+declare -A VMNT=([intentfs_nover]=$tmp/nmnt [intentfs_uring]=$tmp/umnt [intentfs_pt]=$tmp/pmnt [intentfs_upt]=$tmp/qmnt)
 declare -A VDAEMON VKEY VWHY
 for v in "${VARIANTS[@]}"; do mkdir -p "${VWS[$v]}/.orchestration" "${VMNT[$v]}"; done
 [[ -n $HP ]] && for m in "${HP_MODES[@]}"; do mkdir -p "$fs/$m" "$tmp/m_$m"; done
@@ -174,6 +181,10 @@ for v in "${VARIANTS[@]}"; do mkdir -p "${VWS[$v]}/.orchestration" "${VMNT[$v]}"
 # matches `*credential*`, any case), which --approver deny would refuse to read.
 { cat "$root/policies/allow-all.yaml"; printf 'approval:\n  sensitive_read: allow\n'; } >"$fs/ws/.orchestration/active_intents.yaml"
 for v in "${VARIANTS[@]}"; do cp "$fs/ws/.orchestration/active_intents.yaml" "${VWS[$v]}/.orchestration/"; done
+# Versions off: for the intentfs target (--versions off), or for intentfs-nover (both).
+VERSIONS_OFF=$'versions:\n  enabled: false\n'
+printf '%s' "$VERSIONS_OFF" >>"$fs/wsn/.orchestration/active_intents.yaml"
+[[ $VERSIONS == off ]] && printf '%s' "$VERSIONS_OFF" >>"$fs/ws/.orchestration/active_intents.yaml"
 ledger=$fs/ws/.orchestration/agent_trace.jsonl
 mnt=$tmp/mnt bmnt=$tmp/bmnt
 DAEMON=
@@ -284,6 +295,7 @@ fi
 for v in "${VARIANTS[@]}"; do
     [[ $URING == no && ${VARGS[$v]} == *io-uring* ]] && continue
     [[ $PT == no && ${VARGS[$v]} == *passthrough* ]] && continue
+    [[ $v == intentfs_nover && $VERSIONS != both ]] && continue
     # shellcheck disable=SC2086 # VARGS, INTENTFS_MOUNT_ARGS: mount options, word-split
     if "$BIN" mount ${VARGS[$v]} --intent ALL --approver deny --agent bench ${INTENTFS_MOUNT_ARGS:-} \
         "${VWS[$v]}" "${VMNT[$v]}" >"$logs/mount.$v.out" 2>&1; then
@@ -752,6 +764,17 @@ echo "(medians over $ROUNDS round(s), ms; ratio = to native; seq = $SEQ_MIB MiB$
 ((${#HPS[@]})) && echo "(best hp = the fastest passthrough_hp mode of the workload; vs best = intentfs / that mode's time;"
 ((${#HPS[@]})) && echo " uring / pt / uring-pt vs best = that intentfs variant / that mode's time)"
 
+# The content store's cost: intentfs (versions on) over intentfs-nover (versions off).
+if [[ -n ${VDAEMON[intentfs_nover]:-} ]]; then
+    echo
+    printf '%-15s %10s %10s %8s\n' "workload (ms)" "versions" "no vers." "cost"
+    for wl in "${WLS[@]}"; do
+        a=$(median "$wl" intentfs) b=$(median "$wl" intentfs_nover)
+        printf '%-15s %10s %10s %8s\n' "$wl" "$(ms "$a")" "$(ms "$b")" "$(ratio "$a" "$b")"
+    done
+    echo "(cost = intentfs with the content store / intentfs without it, medians)"
+fi
+
 # intentfs against its targets, and what each daemon spent on the CPU.
 echo
 printf '%-15s %7s %5s %8s %9s %8s   %s' workload target met ledger requests "+µs/req" "daemon CPU ms/round:"
@@ -810,6 +833,13 @@ for v in "${VARIANTS[@]}"; do
     "$BIN" ledger verify --ledger "$vl" >"$logs/verify.$v.txt" 2>&1 ||
         fail ledger_verify "$v" - "intentfs ledger verify failed" "$BIN ledger verify --ledger $vl" "$logs/verify.$v.txt"
 done
+# What the content store kept over the run (the rounds' files are gone; their versions stay
+# until `intentfs gc`).
+store=$fs/ws/.orchestration/objects
+if [[ -d $store ]]; then
+    echo "content store ($([[ $VERSIONS == off ]] && echo "versions off" || echo "versions on")): $(find "$store" -type f \( -name '*.zst' -o -name '*.raw' \) | wc -l) objects," \
+        "$(du -sm "$store" | cut -f1) MiB on disk, for $(find "$store" -type f -name '*.zst' -printf '%s\n' | wc -l) zstd frames"
+fi
 echo "ledger: $(entries) entries"
 if "$BIN" ledger verify --ledger "$ledger" >"$logs/verify.txt" 2>&1; then
     echo "ledger verify: $(grep -m1 '^chain:' "$logs/verify.txt" || tail -1 "$logs/verify.txt")"

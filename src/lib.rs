@@ -6,6 +6,10 @@
 //! - [`approval`]: the human-approval broker and its channels (desktop, CLI socket).
 //! - [`ledger`]: the append-only, hash-chained audit ledger (writer thread, reader, verify).
 //! - [`telemetry`]: the ledger as OpenTelemetry logs over OTLP (a follower thread, an export).
+//! - [`store`]: the content store: the bytes behind the ledger's content hashes (zstd,
+//!   reflinks, dedup), and its retention (`gc`).
+//! - [`versions`]: diffs, restore and rewind plans, the audit report, over the ledger and
+//!   the content store.
 //! - [`guard`]: the decision for one operation (intent, scope, protected paths, stale check).
 //! - [`control`]: the virtual `.intentfs/` directory.
 //! - [`latency`]: `--low-latency`, the CPU latency request held while requests arrive.
@@ -34,3 +38,5 @@ pub mod ledger;
 pub mod policy;
 pub mod stat;
 pub mod telemetry;
+pub mod store;
+pub mod versions;

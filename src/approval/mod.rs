@@ -222,6 +222,37 @@ pub struct AckRequest {
     pub note: Option<String>,
 }
 
+/// Put recorded versions back through the daemon (`intentfs restore`, `intentfs rewind`).
+/// Plain data: the daemon plans from its ledger and store (`versions`) and applies the plan,
+/// so the mount's caches see the change and each step is on record.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreRequest {
+    /// `restore` or `rewind`.
+    pub command: String,
+    /// restore: the workspace-relative path.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// restore: the entry (id, id prefix or `#line`) whose version to put back.
+    #[serde(default)]
+    pub to: Option<String>,
+    /// restore: the version held just before this time (RFC 3339).
+    #[serde(default)]
+    pub before: Option<String>,
+    /// rewind: the work of this agent (name or identity).
+    #[serde(default)]
+    pub agent: Option<String>,
+    /// rewind: the work of this intent.
+    #[serde(default)]
+    pub intent: Option<String>,
+    /// rewind: everything since this time (RFC 3339).
+    #[serde(default)]
+    pub since: Option<String>,
+    /// Overwrite what others changed since (the version overwritten is kept).
+    #[serde(default)]
+    pub force: bool,
+}
+
 /// The operator's requests on the control socket other than approvals, served by the
 /// filesystem (which knows identities, the policy and the ledger). Only the mount's owner
 /// and root reach them.
@@ -232,6 +263,10 @@ pub trait Operator: Send + Sync {
     fn lesson(&self, req: LessonRequest) -> Result<String, String>;
     /// Record the files as the operator found them (`uid`: who asked); how many.
     fn ack(&self, uid: u32, req: AckRequest) -> Result<usize, String>;
+    /// Put versions back (`pid`, `uid`: who asked); what was restored, removed and skipped,
+    /// as JSON (the report type lives in a layer above this one).
+    fn restore(&self, pid: u32, uid: u32, req: RestoreRequest)
+        -> Result<serde_json::Value, String>;
 }
 
 /// Called exactly once with the decision: on the caller of [`Broker::ask`] in Deny/Allow

@@ -9,6 +9,8 @@
 //! {"cmd":"register","agent":"claude","intent":"INT-001"}  -> {"ok":true,"registered":{...}}
 //! {"cmd":"lesson","identity":"run:123","command":"cargo test","status":101,"output":"..."}
 //!                                                 -> {"ok":true,"file":"CLAUDE.md"}
+//! {"cmd":"restore","command":"rewind","agent":"claude","force":false}
+//!                                                 -> {"ok":true,"restored":{"restored":[...],"removed":[...],"skipped":[...]}}
 //! any failure                                     -> {"ok":false,"error":"..."}
 //! ```
 //!
@@ -36,7 +38,10 @@ use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use serde::{Deserialize, Serialize};
 
 use super::decider::Decider;
-use super::{AckRequest, Decision, Grant, LessonRequest, PendingInfo, RegisterRequest, Registered};
+use super::{
+    AckRequest, Decision, Grant, LessonRequest, PendingInfo, RegisterRequest, Registered,
+    RestoreRequest,
+};
 
 /// A client that sends nothing for this long is disconnected.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -71,6 +76,8 @@ pub enum Request {
     Lesson(LessonRequest),
     /// Acknowledge files as they are on disk (`intentfs ledger ack`).
     Ack(AckRequest),
+    /// Put recorded versions back (`intentfs restore`, `intentfs rewind`).
+    Restore(RestoreRequest),
     /// Unmount as SIGTERM does: reject every pending request, then unmount (lazily if busy).
     /// `intentfs umount` sends it when the mount is busy with prompts pending, and it works
     /// where a signal cannot reach (a daemon in another pid namespace).
@@ -101,6 +108,9 @@ pub struct Response {
     /// For `ack`: how many files were acknowledged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acked: Option<usize>,
+    /// For `restore`: what was restored, removed and skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored: Option<serde_json::Value>,
 }
 
 impl Response {
@@ -135,7 +145,13 @@ pub fn call(path: &Path, req: &Request) -> io::Result<Response> {
             ),
         ));
     }
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    // A rewind writes a file per step and records each: it may take a while.
+    let wait = if matches!(req, Request::Restore(_)) {
+        600
+    } else {
+        30
+    };
+    s.set_read_timeout(Some(Duration::from_secs(wait)))?;
     let mut line = serde_json::to_string(req).map_err(io::Error::other)?;
     line.push('\n');
     s.write_all(line.as_bytes())?;
@@ -399,6 +415,13 @@ fn handle(decider: &dyn Decider, req: Request, pid: u32, uid: u32) -> Response {
             op.ack(uid, r).map(|n| Response {
                 ok: true,
                 acked: Some(n),
+                ..Default::default()
+            })
+        }),
+        Request::Restore(r) => with_operator(decider, |op| {
+            op.restore(pid, uid, r).map(|v| Response {
+                ok: true,
+                restored: Some(v),
                 ..Default::default()
             })
         }),

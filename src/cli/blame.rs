@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use crate::ledger::blame::{blame, BlameReport, Origin};
+use crate::ledger::blame::{blame_with, BlameReport, Origin};
 
 /// `intentfs blame [WORKSPACE] PATH [--ledger FILE] [--json]`
 #[derive(Debug, clap::Args)]
@@ -23,6 +23,9 @@ pub struct BlameArgs {
     /// Print the attribution as JSON.
     #[arg(long)]
     pub json: bool,
+    /// The content store (default: the one the workspace was last mounted with).
+    #[arg(long, value_name = "DIR")]
+    pub store: Option<PathBuf>,
 }
 
 /// The path relative to the workspace: as given when it is relative and exists
@@ -127,7 +130,10 @@ pub fn run(a: BlameArgs) -> anyhow::Result<ExitCode> {
     };
     let (ws, ledger, _) = super::ledger::resolve(ws, a.ledger)?;
     let rel = relative(&ws, &path)?;
-    let report = blame(&ledger, &ws, &rel)
+    // The recorded versions: a file changed outside the mount is diffed against its last.
+    let store = super::restore::open_store(&ws, &ledger, a.store.as_deref())?;
+    let lookup = |h: &str| store.as_ref().and_then(|s| s.get(h).ok().flatten());
+    let report = blame_with(&ledger, &ws, &rel, &lookup)
         .with_context(|| format!("cannot blame {:?}", rel.display().to_string()))?;
     if let Some(w) = &report.warning {
         eprintln!("warning: {w}");

@@ -501,7 +501,7 @@ mod tests {
             "drift fails verify"
         );
 
-        let entries = crate::ledger::query(&lp, &crate::ledger::Filter::default()).unwrap();
+        let entries = crate::ledger::read_entries(&lp).unwrap();
         let table = crate::cli::log::table(&entries);
         let rows: Vec<&str> = table.lines().collect();
         assert_eq!(rows.len(), 3);
@@ -509,6 +509,7 @@ mod tests {
         let col = rows[0].find("PATH").unwrap();
         assert_eq!(&rows[1][col..col + 5], "a.txt");
         assert_eq!(&rows[2][col..col + 10], "secret.env");
+        assert!(rows[1].starts_with("#1 ") && rows[2].starts_with("#2 "));
         assert!(rows[2].ends_with("denied (SCOPE_VIOLATION)"));
     }
 }

@@ -10,7 +10,7 @@ use anyhow::Context;
 use chrono::{DateTime, Utc};
 
 use crate::ledger::entry::{Entry, MutationType};
-use crate::ledger::reader::{query, Filter};
+use crate::ledger::reader::{read_entries, Filter};
 
 /// `intentfs log [WORKSPACE] [filters] [--json]`
 #[derive(Debug, clap::Args)]
@@ -77,8 +77,8 @@ pub fn filter_of(a: &LogArgs, now: DateTime<Utc>) -> anyhow::Result<Filter> {
     })
 }
 
-/// The table rows: time, type, intent, agent, path, outcome.
-fn row(e: &Entry) -> [String; 6] {
+/// The table rows: ledger line, time, type, intent, agent, path, outcome.
+fn row((line, e): &(u64, Entry)) -> [String; 7] {
     // "2025-01-31T14:00:00.123456Z" -> "2025-01-31 14:00:00"
     let time = e
         .timestamp
@@ -95,6 +95,7 @@ fn row(e: &Entry) -> [String; 6] {
         None => e.outcome.clone(),
     };
     [
+        format!("#{line}"),
         time,
         e.mutation_type.as_str().to_owned(),
         e.intent_id.clone().unwrap_or_else(|| "-".to_owned()),
@@ -107,13 +108,23 @@ fn row(e: &Entry) -> [String; 6] {
     ]
 }
 
-/// Formats rows as a table with aligned columns (the last column is not padded).
-pub fn table(entries: &[Entry]) -> String {
-    let header = ["TIME (UTC)", "TYPE", "INTENT", "AGENT", "PATH", "OUTCOME"].map(str::to_owned);
-    let rows: Vec<[String; 6]> = std::iter::once(header)
+/// Formats rows as a table with aligned columns (the last column is not padded). The `#`
+/// column is the entry's ledger line: `intentfs diff #N` and `restore --to #N` take it.
+pub fn table(entries: &[(u64, Entry)]) -> String {
+    let header = [
+        "#",
+        "TIME (UTC)",
+        "TYPE",
+        "INTENT",
+        "AGENT",
+        "PATH",
+        "OUTCOME",
+    ]
+    .map(str::to_owned);
+    let rows: Vec<[String; 7]> = std::iter::once(header)
         .chain(entries.iter().map(row))
         .collect();
-    let mut widths = [0usize; 6];
+    let mut widths = [0usize; 7];
     for r in &rows {
         for (w, c) in widths.iter_mut().zip(r) {
             *w = (*w).max(c.chars().count());
@@ -138,11 +149,15 @@ pub fn table(entries: &[Entry]) -> String {
 pub fn run(a: LogArgs) -> anyhow::Result<ExitCode> {
     let filter = filter_of(&a, Utc::now())?;
     let (_, ledger, _) = super::ledger::resolve(a.workspace.clone(), a.ledger.clone())?;
-    let entries = query(&ledger, &filter)
-        .with_context(|| format!("cannot read {:?}", ledger.display().to_string()))?;
+    let entries: Vec<(u64, Entry)> = read_entries(&ledger)
+        .with_context(|| format!("cannot read {:?}", ledger.display().to_string()))?
+        .into_iter()
+        .filter(|(_, e)| filter.matches(e))
+        .collect();
     let mut out = std::io::stdout().lock();
     if a.json {
-        serde_json::to_writer_pretty(&mut out, &entries)?;
+        let plain: Vec<&Entry> = entries.iter().map(|(_, e)| e).collect();
+        serde_json::to_writer_pretty(&mut out, &plain)?;
         writeln!(out)?;
     } else if entries.is_empty() {
         writeln!(out, "no matching entries")?;

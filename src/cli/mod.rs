@@ -8,11 +8,15 @@ mod check_policy;
 mod demo;
 mod hook;
 mod init;
+mod diff;
+mod gc;
 mod ledger;
 mod log;
 mod mcp;
 mod mount;
 mod notes;
+mod report;
+mod restore;
 mod run;
 mod runtime;
 mod time;
@@ -41,6 +45,8 @@ use clap::{Parser, Subcommand};
   intentfs run --mount /mnt/agent --intent INT-002 --agent docs --user agent -- CMD...
   intentfs log ./project                 # what changed, by which intent and agent
   intentfs ledger verify ./project       # chain intact? edits made outside the mount?
+  intentfs diff --agent docs ./project   # what that agent changed, as diffs
+  intentfs rewind --agent docs ./project # undo it, without clobbering anyone else's work
   intentfs umount /mnt/agent"
 )]
 pub struct Cli {
@@ -83,6 +89,16 @@ enum Command {
     Hook(hook::HookArgs),
     /// Write an agent's MCP and hook configuration into the workspace.
     Init(init::InitArgs),
+    /// Show what changes did, as unified diffs of the recorded versions.
+    Diff(diff::DiffArgs),
+    /// Put a recorded version of a file back (deleted files too).
+    Restore(restore::RestoreArgs),
+    /// Undo an agent's, intent's or period's changes, latest first, sparing others' later work.
+    Rewind(restore::RewindArgs),
+    /// Write the audit report of a workspace (self-contained HTML, or JSON).
+    Report(report::ReportArgs),
+    /// Remove old file versions from the content store (retention).
+    Gc(gc::GcArgs),
     /// (There is no `verify`: it says where the command is.)
     #[command(hide = true)]
     Verify {
@@ -95,17 +111,23 @@ enum Command {
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
     // Commands that print for a pipe (`intentfs log | head`) end quietly when it closes,
-    // as other Unix tools do. (Not the daemon: a closed socket must not kill it.)
+    // as other Unix tools do. (Not the daemon: a closed socket must not kill it. `restore`
+    // and `rewind` print only once their work is done and on record.)
     if matches!(
         cli.command,
         Command::Log(_)
             | Command::Blame(_)
+            | Command::Diff(_)
+            | Command::Report(_)
+            | Command::Restore(_)
+            | Command::Rewind(_)
             | Command::Ledger(_)
             | Command::CheckPolicy(_)
             | Command::Approvals(_)
             | Command::Notes(_)
             | Command::Init(_)
             | Command::Hook(_)
+            | Command::Gc(_)
     ) {
         use nix::sys::signal::{signal, SigHandler, Signal};
         // SAFETY: `signal` is unsafe because a handler runs at any point of any thread;
@@ -130,6 +152,11 @@ pub fn run() -> ExitCode {
         Command::Mcp(a) => mcp::run(a),
         Command::Hook(a) => hook::run(a),
         Command::Init(a) => init::run(a),
+        Command::Diff(a) => diff::run(a),
+        Command::Restore(a) => restore::run_restore(a),
+        Command::Rewind(a) => restore::run_rewind(a),
+        Command::Report(a) => report::run(a),
+        Command::Gc(a) => gc::run(a),
         Command::Verify { rest } => Err(anyhow::anyhow!(
             "there is no `verify` command\nhint: intentfs ledger verify {}",
             if rest.is_empty() {

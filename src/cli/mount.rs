@@ -139,6 +139,12 @@ pub struct MountArgs {
     /// OTEL_EXPORTER_OTLP_LOGS_ENDPOINT is set; see docs/telemetry.md.
     #[arg(long, value_name = "ENDPOINT")]
     pub otlp: Option<String>,
+    /// The content store, where every version of every changed file is kept (created
+    /// 0700) [default: WORKSPACE/.orchestration/objects]. Outside the workspace, or
+    /// under its `.orchestration/`; never visible through the mount. What is kept is the
+    /// policy's `versions:` section; `intentfs gc` applies retention.
+    #[arg(long, value_name = "DIR")]
+    pub store: Option<PathBuf>,
 }
 
 impl MountArgs {
@@ -164,6 +170,7 @@ impl MountArgs {
             data: Data::Daemon,
             log: None,
             otlp: None,
+            store: None,
         }
     }
 }
@@ -174,6 +181,8 @@ struct Plan {
     mountpoint: PathBuf,
     policy_path: PathBuf,
     ledger_path: PathBuf,
+    /// The content store's directory.
+    store_dir: PathBuf,
     policy: Policy,
     ignore: IntentIgnore,
     /// The policy's and `.intentignore`'s stamps before they were read: any change after
@@ -331,6 +340,7 @@ fn validate(a: MountArgs) -> anyhow::Result<(Plan, runtime::RuntimeDir)> {
         ),
         None => None,
     };
+    let store_dir = store_dir(a.store.as_deref(), &workspace, &mountpoint)?;
     let rt = runtime::create(&mountpoint)?;
     Ok((
         Plan {
@@ -339,6 +349,7 @@ fn validate(a: MountArgs) -> anyhow::Result<(Plan, runtime::RuntimeDir)> {
             mountpoint,
             policy_path,
             ledger_path,
+            store_dir,
             policy,
             ignore,
             loaded_stamps,
@@ -346,6 +357,61 @@ fn validate(a: MountArgs) -> anyhow::Result<(Plan, runtime::RuntimeDir)> {
         },
         rt,
     ))
+}
+
+/// Where the content store goes: `--store` made absolute, or the default. Inside the
+/// workspace only under `.orchestration/`, which the mount protects (an agent could
+/// otherwise rename the directory holding it, or fill its name first); never inside the
+/// mountpoint (the daemon would write through itself).
+fn store_dir(arg: Option<&Path>, workspace: &Path, mountpoint: &Path) -> anyhow::Result<PathBuf> {
+    let Some(arg) = arg else {
+        return Ok(crate::store::Store::default_dir(workspace));
+    };
+    let abs = if arg.is_absolute() {
+        arg.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .context("cannot read the current directory")?
+            .join(arg)
+    };
+    // Resolve what exists of it (symlinks, `..`), keep the rest as given.
+    let mut existing = abs.clone();
+    let mut rest = Vec::new();
+    while !existing.exists() {
+        match (existing.parent(), existing.file_name()) {
+            (Some(p), Some(n)) => {
+                rest.push(n.to_owned());
+                existing = p.to_path_buf();
+            }
+            _ => break,
+        }
+    }
+    let mut full = existing.canonicalize().unwrap_or(existing);
+    for n in rest.iter().rev() {
+        if n == ".." || n == "." {
+            bail!(
+                "--store {}: give a path without `.` or `..` components",
+                arg.display()
+            );
+        }
+        full.push(n);
+    }
+    if full.starts_with(mountpoint) {
+        bail!(
+            "--store {} is inside the mountpoint {}\nhint: put the store outside the mount (the default is WORKSPACE/.orchestration/objects)",
+            arg.display(),
+            mountpoint.display()
+        );
+    }
+    if full.starts_with(workspace) && !full.starts_with(workspace.join(".orchestration")) {
+        bail!(
+            "--store {} is inside the workspace but not under its .orchestration/: agents could reach it through the mount\nhint: put it outside the workspace, or under {}/ (omit --store for the default, {})",
+            arg.display(),
+            workspace.join(".orchestration").display(),
+            crate::store::Store::default_dir(workspace).display()
+        );
+    }
+    Ok(full)
 }
 
 /// `.orchestration/.gitignore` ignoring everything in it (itself included), unless one is
@@ -696,6 +762,14 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
         }
         None => None,
     };
+    // The store exists before the mount serves: its directory is hidden by inode.
+    let store = crate::store::Store::open(&plan.store_dir).map_err(|e| {
+        anyhow!("content store: {e}\nhint: give --store DIR on a writable filesystem")
+    })?;
+    // Leftovers of puts a killed daemon interrupted (an hour old: not a put running now).
+    let _ = store.sweep_temps(Duration::from_secs(3600));
+    fs.set_store(Arc::new(store))
+        .with_context(|| format!("content store {}", plan.store_dir.display()))?;
     fs.gate.approver = match mode {
         Mode::Deny => crate::fs::approve::Approver::Deny,
         Mode::Allow => crate::fs::approve::Approver::Allow,
@@ -752,6 +826,7 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
             "identity_tracking": ids.tracking(),
             "require_read": plan.args.require_read,
             "breaker": plan.args.breaker,
+            "store": plan.store_dir.display().to_string(),
         })),
         ..Default::default()
     });

@@ -199,12 +199,13 @@ impl Fs {
         file.write_all(text.as_bytes())
             .and_then(|_| file.sync_data())
             .map_err(|e| format!("writing {}: {e}", target.display()))?;
+        // The lessons file's new version is kept like any file's.
         let hash = sys::reopen(self.proc_fd.as_fd(), file.as_fd(), libc::O_RDONLY)
             .ok()
-            .and_then(|r| self.hashes.hash(&r).ok());
+            .and_then(|r| self.keep_file(&target, &r, None, true));
         tracing::info!(agent = %ident.name, "lesson appended to {} for `{command}`", target.display());
         if let Some(l) = &self.gate.ledger {
-            let draft = Draft {
+            let mut draft = Draft {
                 intent_id: ident.intent(),
                 agent: Some(self.gate.agent(
                     &ident,
@@ -225,6 +226,7 @@ impl Fs {
                 })),
                 ..Default::default()
             };
+            self.note_versions(&target, &mut draft);
             l.record(draft)
                 .map_err(|e| format!("the ledger cannot be written: {e}"))?;
         }

@@ -23,6 +23,7 @@ pub mod output;
 mod stale;
 pub mod sys;
 pub mod temps;
+mod versions;
 pub mod watch;
 
 use std::collections::HashMap;
@@ -235,6 +236,8 @@ pub struct Fs {
     pub low_latency: std::sync::OnceLock<Arc<crate::latency::LowLatency>>,
     /// The live OTLP export's counters (`.intentfs/status`), when it runs.
     pub otlp: std::sync::OnceLock<Arc<crate::telemetry::Stats>>,
+    /// The content store and what was decided about recent versions.
+    pub(crate) versions: versions::Versions,
 }
 
 impl Fs {
@@ -265,6 +268,7 @@ impl Fs {
             transport: std::sync::OnceLock::new(),
             low_latency: std::sync::OnceLock::new(),
             otlp: std::sync::OnceLock::new(),
+            versions: versions::Versions::default(),
         })
     }
 
@@ -462,8 +466,10 @@ impl Fs {
         caller: &Caller,
         mt: MutationType,
         rel: &Path,
-        draft: Draft,
+        mut draft: Draft,
     ) -> Result<()> {
+        // Every content hash the entry names resolves in the store, or the entry says why.
+        self.note_versions(rel, &mut draft);
         self.gate
             .record(ident, caller, mt, rel, draft)
             .inspect_err(|e| self.on_ledger_failure(e))

@@ -5,7 +5,9 @@
 use std::sync::{Arc, Weak};
 
 use super::Fs;
-use crate::approval::{AckRequest, LessonRequest, Operator, RegisterRequest, Registered};
+use crate::approval::{
+    AckRequest, LessonRequest, Operator, RegisterRequest, Registered, RestoreRequest,
+};
 use crate::guard::tracking::Grant;
 use crate::guard::Intents;
 use crate::ledger::{Draft, MutationType};
@@ -137,10 +139,33 @@ impl Operator for FsOperator {
         let drafts =
             crate::ledger::ack_drafts(&fs.cfg.workspace, &req.paths, req.note.as_deref(), uid)?;
         let n = drafts.len();
-        for d in drafts {
+        for mut d in drafts {
+            // The acknowledged content is a version like any other: kept, so a diff or a
+            // blame can compare against it later.
+            if let (Some(rel), Some(h)) = (d.path.clone(), d.content_hash.as_deref()) {
+                let known = h
+                    .strip_prefix("sha256:")
+                    .and_then(|x| hex::decode(x).ok())
+                    .and_then(|b| <[u8; 32]>::try_from(b).ok());
+                if let Ok(f) = std::fs::File::open(fs.cfg.workspace.join(&rel)) {
+                    fs.keep_file(&rel, &f, known, false);
+                }
+                fs.note_versions(&rel, &mut d);
+            }
             l.record(d)
                 .map_err(|e| format!("the ledger cannot be written: {e}"))?;
         }
         Ok(n)
+    }
+
+    fn restore(
+        &self,
+        pid: u32,
+        uid: u32,
+        req: RestoreRequest,
+    ) -> Result<serde_json::Value, String> {
+        let fs = self.fs()?;
+        let report = fs.restore(pid, uid, &req)?;
+        serde_json::to_value(report).map_err(|e| e.to_string())
     }
 }

@@ -755,26 +755,8 @@ impl Fs {
             }
         }
         self.check_write_race(h)?;
-        let first = h
-            .write_state()
-            .is_some_and(|mut w| !std::mem::replace(&mut w.pre_captured, true));
-        if first {
-            let rel = self.display_rel(&h.node);
-            if !untracked(&rel) {
-                if let Ok(fd) = self.fd(&h.node) {
-                    if let Ok(f) = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY) {
-                        if let Some(bytes) = hash::read_small(&f, RANGE_LIMIT) {
-                            if let Some(mut w) = h.write_state() {
-                                if w.prev_hash.is_none() {
-                                    w.prev_hash = Some(crate::ledger::sha256_bytes(&bytes));
-                                }
-                                w.pre_image = Some(bytes);
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        // The content before the first change: in the store before `WRITE_BEGIN` names it.
+        self.keep_before(h);
         self.begin_write(h)
     }
 
@@ -924,14 +906,36 @@ impl Fs {
                     if let Some(pre) = pre {
                         draft.ranges = changed_ranges(&pre, &bytes);
                     }
-                    match before {
+                    let r = match before {
                         Some(s) if s.size == bytes.len() as u64 => {
                             Some((self.hashes.of_bytes(Some(s), &bytes), s))
                         }
                         _ => self.hashes.hash(&f).ok(),
+                    };
+                    // The new version, in the store before the entry naming it.
+                    if let Some((h32, s)) = r {
+                        if s.size == bytes.len() as u64 {
+                            self.keep_bytes(&rel, &bytes, &hash::to_string(&h32));
+                        } else {
+                            self.keep_file(&rel, &f, Some(h32), true);
+                        }
                     }
+                    r
                 }
-                None => self.seq_hash(h, &f).or_else(|| self.hashes.hash(&f).ok()),
+                None if untracked(&rel) => {
+                    self.seq_hash(h, &f).or_else(|| self.hashes.hash(&f).ok())
+                }
+                // A large file: stored from the file (hashed while it is stored when the
+                // hash is not known yet: one read).
+                None => match self.seq_hash(h, &f) {
+                    Some((h32, s)) => {
+                        self.keep_file(&rel, &f, Some(h32), true);
+                        Some((h32, s))
+                    }
+                    None => self
+                        .keep_file(&rel, &f, None, true)
+                        .or_else(|| self.hashes.hash(&f).ok()),
+                },
             };
             if let Some((h32, stamp)) = result {
                 draft.content_hash = Some(hash::to_string(&h32));

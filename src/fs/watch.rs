@@ -382,6 +382,21 @@ impl Fs {
         }
     }
 
+    /// A change the daemon made itself, outside any request (a restore): the kernel drops
+    /// what it cached of `name` in the directory with backing `dir` (dev, ino), of the
+    /// directory, and of the inode the name held before (`child`).
+    pub(crate) fn forget_cached(&self, dir: (u64, u64), name: &OsStr, child: Option<(u64, u64)>) {
+        let Some(w) = self.watch.get() else { return };
+        let Some(inval) = w.inval.get() else { return };
+        if let Some(c) = child.and_then(|(d, i)| self.table.by_backing(d, i)) {
+            inval.inval_inode(c.nodeid);
+        }
+        if let Some(d) = self.table.by_backing(dir.0, dir.1) {
+            inval.inval_entry(d.nodeid, name);
+            inval.inval_inode(d.nodeid);
+        }
+    }
+
     /// Overflow: drop everything the kernel may have cached.
     fn invalidate_all(&self) {
         let Some(w) = self.watch.get() else { return };

@@ -4,8 +4,12 @@
 //! The replay is honest about its limits. Ranges mark changed lines of each new
 //! version, but not where lines were deleted, so lines are not shifted between
 //! versions: an attribution stays on its line number. If the file on disk no longer
-//! has the last recorded hash, every line is "changed outside the mount"; lines no
-//! recorded range covers "predate the ledger". Pure over the ledger and one file.
+//! has the last recorded hash, it was changed outside the mount: with the recorded
+//! version at hand (the content store, through [`blame_with`]'s lookup) the file is
+//! diffed against it and every line still there keeps its attribution, only the lines
+//! added or changed outside are "changed outside the mount"; without it, every line is.
+//! Lines no recorded range covers "predate the ledger". Pure over the ledger, one file,
+//! and the lookup.
 
 use std::collections::HashMap;
 use std::io;
@@ -257,8 +261,47 @@ pub fn attribute_at(entries: &[(u64, Entry)], targets: &[(usize, PathBuf)]) -> V
     out
 }
 
-/// Attributes each line of `workspace/rel_path` as it is now.
+/// Attributes each line of `workspace/rel_path` as it is now (no recorded content at hand:
+/// a file changed outside the mount is unknown line by line).
 pub fn blame(ledger_path: &Path, workspace: &Path, rel_path: &Path) -> io::Result<BlameReport> {
+    blame_with(ledger_path, workspace, rel_path, &|_| None)
+}
+
+/// For each line of the file now: the line of the last recorded version it is (None: added
+/// or changed since).
+fn lines_kept(recorded: &[u8], now: &[u8]) -> Vec<Option<usize>> {
+    let (old, new) = (
+        String::from_utf8_lossy(recorded),
+        String::from_utf8_lossy(now),
+    );
+    let diff = similar::TextDiff::from_lines(old.as_ref(), new.as_ref());
+    let mut map = vec![None; new.split_inclusive('\n').count()];
+    for op in diff.ops() {
+        if let similar::DiffOp::Equal {
+            old_index,
+            new_index,
+            len,
+        } = *op
+        {
+            for k in 0..len {
+                if let Some(m) = map.get_mut(new_index + k) {
+                    *m = Some(old_index + k);
+                }
+            }
+        }
+    }
+    map
+}
+
+/// [`blame`], with `recorded` giving the bytes of a recorded content hash when they were
+/// kept: a file changed outside the mount is then diffed against its last recorded version,
+/// and only the lines changed outside are attributed to no one.
+pub fn blame_with(
+    ledger_path: &Path,
+    workspace: &Path,
+    rel_path: &Path,
+    recorded: &dyn Fn(&str) -> Option<Vec<u8>>,
+) -> io::Result<BlameReport> {
     let content = std::fs::read(workspace.join(rel_path))?;
     let current_hash = sha256_bytes(&content);
     let entries = read_entries(ledger_path)?;
@@ -266,9 +309,23 @@ pub fn blame(ledger_path: &Path, workspace: &Path, rel_path: &Path) -> io::Resul
     let attr = files.get(rel_path).cloned().unwrap_or_default();
     let recorded_hash = attr.hash.clone();
     let outside = recorded_hash.as_ref().is_some_and(|h| *h != current_hash);
-    let warning = if outside {
+    // Line of the file now -> line of the last recorded version, when outside edits are
+    // known line by line.
+    let kept = outside
+        .then(|| recorded_hash.as_deref().and_then(recorded))
+        .flatten()
+        .map(|old| lines_kept(&old, &content));
+    let warning = if let Some(k) = &kept {
+        let changed = k.iter().filter(|m| m.is_none()).count();
         Some(format!(
-            "{} changed outside the mount since its last entry (recorded {}, now {}): line attribution unknown",
+            "{} changed outside the mount since its last entry (recorded {}, now {}): {changed} line(s) added or changed there; the others keep their attribution",
+            rel_path.display(),
+            recorded_hash.as_deref().unwrap_or("-"),
+            current_hash
+        ))
+    } else if outside {
+        Some(format!(
+            "{} changed outside the mount since its last entry (recorded {}, now {}): line attribution unknown (the recorded version is not in the content store)",
             rel_path.display(),
             recorded_hash.as_deref().unwrap_or("-"),
             current_hash
@@ -290,14 +347,19 @@ pub fn blame(ledger_path: &Path, workspace: &Path, rel_path: &Path) -> io::Resul
         .split_inclusive(|&b| b == b'\n')
         .enumerate()
         .map(|(i, l)| {
-            let origin = if outside {
-                Origin::ChangedOutside
-            } else {
-                match (attr.lines.get(i).copied().flatten(), attr.unranged) {
+            // The line of the recorded version this line is.
+            let at = match &kept {
+                Some(k) => k.get(i).copied().flatten(),
+                None if outside => None,
+                None => Some(i),
+            };
+            let origin = match at {
+                None => Origin::ChangedOutside,
+                Some(i) => match (attr.lines.get(i).copied().flatten(), attr.unranged) {
                     (Some(c), _) => Origin::Ledger(changes[c].clone()),
                     (None, Some(c)) => Origin::Unranged(changes[c].clone()),
                     (None, None) => Origin::PredatesLedger,
-                }
+                },
             };
             let l = l.strip_suffix(b"\n").unwrap_or(l);
             BlameLine {
@@ -315,4 +377,23 @@ pub fn blame(ledger_path: &Path, workspace: &Path, rel_path: &Path) -> io::Resul
         versions: attr.versions.iter().map(|&i| changes[i].clone()).collect(),
         lines,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lines_kept;
+
+    #[test]
+    fn lines_kept_follow_insertions_and_edits() {
+        let old = b"a\nb\nc\n";
+        assert_eq!(
+            lines_kept(old, b"a\nb\nc\nd\n"),
+            vec![Some(0), Some(1), Some(2), None]
+        );
+        assert_eq!(
+            lines_kept(old, b"new\na\nB\nc\n"),
+            vec![None, Some(0), None, Some(2)]
+        );
+        assert_eq!(lines_kept(old, b""), Vec::<Option<usize>>::new());
+    }
 }

@@ -25,6 +25,7 @@ mod ignore;
 mod schema;
 #[cfg(test)]
 mod tests;
+pub mod versions;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -36,6 +37,7 @@ use serde_saphyr::{Location, Spanned};
 pub use compile::SENSITIVE_DEFAULTS;
 pub use error::{PolicyError, SourcePos};
 pub use ignore::{IntentIgnore, INTENTIGNORE};
+pub use versions::VersionPolicy;
 
 use compile::{RuleSet, RuleSetBuilder};
 use error::{did_you_mean, line_col_of_byte, quote, quote_verbatim};
@@ -325,6 +327,8 @@ pub struct Policy {
     lessons_file: Option<PathBuf>,
     /// `output:` globs (build output, ledgered as summaries).
     output: RuleSet,
+    /// `versions:`: what the content store keeps.
+    versions: VersionPolicy,
 }
 
 impl Policy {
@@ -398,6 +402,7 @@ impl Policy {
             source: PathBuf::new(),
             lessons_file: None,
             output: RuleSet::empty(),
+            versions: VersionPolicy::default(),
         }
     }
 
@@ -420,6 +425,11 @@ impl Policy {
     /// are governed as usual and ledgered as summaries.
     pub fn output_match(&self, rel: &Path) -> Option<&str> {
         self.output.matched(rel)
+    }
+
+    /// The `versions:` section (defaults when absent).
+    pub fn versions(&self) -> &VersionPolicy {
+        &self.versions
     }
 
     /// The lessons file the policy names (`lessons_file:`), if it names one.
@@ -672,6 +682,7 @@ fn build(raw: schema::RawPolicy, origin: &Path) -> Result<Policy, PolicyError> {
     };
 
     let output = glob_rules(raw.output, "output")?;
+    let versions = versions::build(raw.versions, origin, glob_rules)?;
     let lessons_file = match raw.lessons_file {
         None => None,
         Some(l) => {
@@ -699,6 +710,7 @@ fn build(raw: schema::RawPolicy, origin: &Path) -> Result<Policy, PolicyError> {
         source: origin.to_path_buf(),
         lessons_file,
         output,
+        versions,
     })
 }
 

@@ -41,6 +41,31 @@ pub(crate) struct RawPolicy {
     /// summaries per identity, directory and burst.
     #[serde(default)]
     pub output: Option<Vec<Spanned<String>>>,
+    /// What the content store keeps (file versions) and for how long.
+    #[serde(default)]
+    pub versions: Option<Spanned<RawVersions>>,
+}
+
+/// The `versions:` mapping as written. Sizes and durations are strings (`64 MiB`, `30d`)
+/// checked by hand, so a bad one gets its position and an example.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawVersions {
+    /// `false` turns version capture off (entries then say so).
+    #[serde(default)]
+    pub enabled: Option<Spanned<bool>>,
+    /// Largest file whose versions are kept (default 64 MiB).
+    #[serde(default)]
+    pub max_file_size: Option<Spanned<String>>,
+    /// Globs whose files' versions are not kept (build output, logs).
+    #[serde(default)]
+    pub exclude: Option<Vec<Spanned<String>>>,
+    /// `intentfs gc`'s default `--keep` (e.g. `30d`).
+    #[serde(default)]
+    pub keep: Option<Spanned<String>>,
+    /// `intentfs gc`'s default `--max-size` (e.g. `10 GiB`).
+    #[serde(default)]
+    pub max_size: Option<Spanned<String>>,
 }
 
 /// One intent as written.
@@ -109,6 +134,8 @@ pub(crate) fn context_of(expected: &[&str]) -> &'static str {
         "in an intent"
     } else if expected.contains(&"timeout_s") {
         "in approval"
+    } else if expected.contains(&"max_file_size") {
+        "in versions"
     } else if expected.contains(&"intents") {
         "at the top level"
     } else {

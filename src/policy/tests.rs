@@ -683,3 +683,52 @@ fn temporary_names_are_what_tools_use_not_ordinary_files() {
         "not a companion directory"
     );
 }
+
+#[test]
+fn versions_section_defaults_values_and_errors() {
+    let d = parse_ok("intents: []\n");
+    let v = d.versions();
+    assert!(v.enabled);
+    assert_eq!(v.max_file_size, 64 * 1024 * 1024);
+    assert!(v.keep.is_none() && v.max_size.is_none());
+    assert!(v.not_kept(Path::new("a.rs"), Some(10)).is_none());
+
+    let p = parse_ok(
+        "intents: []\nversions:\n  max_file_size: 2 MiB\n  exclude: [\"dist/**\", \"*.log\"]\n  keep: 30d\n  max_size: 10GiB\n",
+    );
+    let v = p.versions();
+    assert_eq!(v.max_file_size, 2 * 1024 * 1024);
+    assert_eq!(v.keep, Some(std::time::Duration::from_secs(30 * 86_400)));
+    assert_eq!(v.max_size, Some(10 * 1024 * 1024 * 1024));
+    let why = v.not_kept(Path::new("dist/app.js"), Some(1)).unwrap();
+    assert_eq!(
+        why,
+        "excluded by versions.exclude \"dist/**\" (policy line 4)"
+    );
+    assert!(v
+        .not_kept(Path::new("app.log"), None)
+        .unwrap()
+        .contains("\"*.log\""));
+    let why = v.not_kept(Path::new("big.bin"), Some(3 << 20)).unwrap();
+    assert_eq!(
+        why,
+        "over the 2 MiB cap (versions.max_file_size): 3145728 bytes"
+    );
+    assert!(v.not_kept(Path::new("big.bin"), Some(2 << 20)).is_none());
+
+    let off = parse_ok("intents: []\nversions:\n  enabled: false\n");
+    assert!(off
+        .versions()
+        .not_kept(Path::new("a"), Some(1))
+        .unwrap()
+        .contains("versions off"));
+
+    let e = parse_err("intents: []\nversions:\n  max_file_size: lots\n");
+    assert!(e.contains("versions.max_file_size"), "{e}");
+    assert!(e.contains("3:"), "{e}");
+    assert!(e.contains("64 MiB"), "{e}");
+    let e = parse_err("intents: []\nversions:\n  keep: forever\n");
+    assert!(e.contains("versions.keep") && e.contains("30d"), "{e}");
+    let e = parse_err("intents: []\nversions:\n  max_file_sise: 1 MiB\n");
+    assert!(e.contains("max_file_size"), "{e}");
+}

@@ -32,6 +32,11 @@ impl Fs {
         // the name and checks the inode): a lookup alone (`stat`, `git status`, `find`)
         // costs one fstatat. Directories keep theirs: their children are looked up from it.
         let st = sys::stat_at(pfd.as_fd(), name)?;
+        // The content store holds every version of every file, secrets included: it does
+        // not exist as far as the mount is concerned (by inode: no name reaches it).
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR && self.is_store_dir(st.st_dev, st.st_ino) {
+            return err(libc::ENOENT);
+        }
         let (st, fd) = if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
             let fd = sys::open_path(pfd.as_fd(), name)?;
             (sys::stat_fd(fd.as_fd())?, Some(fd))
@@ -134,8 +139,24 @@ impl Fs {
         if a.uid.is_some() || a.gid.is_some() {
             sys::chown_fd(fd.as_fd(), a.uid, a.gid)?;
         }
+        // A truncation not through a write handle is an entry of its own: the content
+        // before it and after it go to the store (a handle's are its WRITE's).
+        let mut versions = (None, None);
         if let Some(size) = a.size {
+            let own_handle = fh
+                .and_then(|fh| self.file_handle(fh).ok())
+                .is_some_and(|h| h.writable);
+            if !own_handle {
+                versions.0 = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY)
+                    .ok()
+                    .and_then(|f| self.keep_current(&rel, &f));
+            }
             through_handle = self.truncate(caller, fd.as_fd(), fh, size, a.mode.is_some())?;
+            if !own_handle {
+                versions.1 = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY)
+                    .ok()
+                    .and_then(|f| self.keep_current(&rel, &f));
+            }
         }
         if a.atime.is_some() || a.mtime.is_some() {
             self.set_times(&node, fd.as_fd(), &a)?;
@@ -148,7 +169,10 @@ impl Fs {
                 self.saw_own_now(&node, &ident, caller, fd.as_fd());
             }
         }
-        if let Some((mt, draft)) = setattr_entry(op, &a, &before, &after, through_handle) {
+        if let Some((mt, mut draft)) = setattr_entry(op, &a, &before, &after, through_handle) {
+            if mt == MutationType::Truncate {
+                (draft.prev_content_hash, draft.content_hash) = versions;
+            }
             self.record(&ident, caller, mt, &rel, draft)?;
         }
         Ok(after)

@@ -71,6 +71,17 @@ impl Fs {
                 "probe_refusals": self.gate.counters.probes.load(Ordering::Relaxed),
                 "hashed_bytes": self.hashes.bytes.load(Ordering::Relaxed),
                 "temporaries": self.gate.temps.len(),
+                // The content store's work since the mount (no path: agents read this).
+                "versions": self.store().map(|s| {
+                    let c = &s.counters;
+                    serde_json::json!({
+                        "written": c.written.load(Ordering::Relaxed),
+                        "deduplicated": c.deduplicated.load(Ordering::Relaxed),
+                        "cloned": c.cloned.load(Ordering::Relaxed),
+                        "bytes_in": c.bytes_in.load(Ordering::Relaxed),
+                        "bytes_out": c.bytes_out.load(Ordering::Relaxed),
+                    })
+                }),
                 "requests": self.counters.requests.to_json(),
                 "otlp": self.otlp.get().map(|s| s.to_json()),
                 "low_latency": self.low_latency.get().map(|l| {

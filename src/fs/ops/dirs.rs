@@ -107,6 +107,13 @@ impl Fs {
             if nodeid == ROOT && name == OsStr::new(control::DIR_NAME) {
                 continue;
             }
+            // Nor is the content store listed (see `lookup`).
+            if self.store_ino() == Some(e.ino)
+                && sys::stat_at(ds.fd(), name)
+                    .is_ok_and(|st| self.is_store_dir(st.st_dev, st.st_ino))
+            {
+                continue;
+            }
             let ino = if e.name == b".." && nodeid == ROOT {
                 ROOT
             } else {

@@ -255,6 +255,21 @@ impl Fs {
             // `git pack-refs` removes loose refs it packed: the ref did not move.
             (self.packed_value(&rel, &r).as_deref() != Some(v.as_str())).then_some(v)
         });
+        // What `rewind` needs to make it again: the mode, and a symlink's target.
+        let kind = st.st_mode & libc::S_IFMT;
+        let target = (kind == libc::S_IFLNK)
+            .then(|| sys::open_path(pfd.as_fd(), name).ok())
+            .flatten()
+            .and_then(|fd| sys::readlink_fd(fd.as_fd()).ok());
+        // Removing a regular file's last name destroys its content: kept first, and named
+        // by the DELETE (`restore` and `rewind` bring it back from there).
+        let kept = (!is_dir
+            && st.st_mode & libc::S_IFMT == libc::S_IFREG
+            && st.st_nlink <= 1
+            && self.content_recorded(&rel))
+        .then(|| sys::open_read_at(pfd.as_fd(), name).ok())
+        .flatten()
+        .and_then(|f| self.keep_current(&rel, &f));
         sys::unlink_at(pfd.as_fd(), name, is_dir)?;
         self.gate.temps.remove(&rel);
         if old_ref.is_some() {
@@ -279,6 +294,15 @@ impl Fs {
             &rel,
             Draft {
                 size: prev,
+                detail: Some(match target {
+                    Some(t) => serde_json::json!({
+                        "target": String::from_utf8_lossy(&t),
+                    }),
+                    None => serde_json::json!({
+                        "mode": format!("{:o}", st.st_mode & 0o7777),
+                    }),
+                }),
+                prev_content_hash: kept,
                 ..Default::default()
             },
         )?;

@@ -46,7 +46,7 @@ impl Fs {
         // ranges), and put the change on record before it lands. So does a passthrough
         // write open: its first byte lands without the daemon.
         let (pre, pre_hash) = if truncates || pt {
-            self.content_before(fd.as_fd())
+            self.content_before(fd.as_fd(), write_rel.as_deref())
         } else {
             (None, None)
         };
@@ -152,18 +152,35 @@ impl Fs {
     }
 
     /// The content of a file about to be emptied, for line ranges (text files up to the
-    /// range limit), and its hash (or, for a bigger file, the hash if already known).
-    fn content_before(&self, fd: std::os::fd::BorrowedFd<'_>) -> (Option<Vec<u8>>, Option<String>) {
+    /// range limit), and its hash; kept in the content store (a file larger than the
+    /// range limit is stored from the file, hashed as it is stored when its hash is not
+    /// known: one read).
+    fn content_before(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        rel: Option<&Path>,
+    ) -> (Option<Vec<u8>>, Option<String>) {
         let old = sys::reopen(self.proc_fd.as_fd(), fd, libc::O_RDONLY).ok();
         let bytes = old
             .as_ref()
             .and_then(|f| crate::fs::hash::read_small(f, crate::fs::stale::RANGE_LIMIT));
         let hash = match &bytes {
-            Some(b) => Some(crate::ledger::sha256_bytes(b)),
-            None => sys::stat_fd(fd)
-                .ok()
-                .and_then(|st| self.hashes.cached(&crate::fs::hash::stamp_of(&st)))
-                .map(|h| crate::fs::hash::to_string(&h)),
+            Some(b) => {
+                let h = crate::ledger::sha256_bytes(b);
+                if let Some(rel) = rel {
+                    self.keep_bytes(rel, b, &h);
+                }
+                Some(h)
+            }
+            None => match (rel, &old) {
+                (Some(rel), Some(f)) => self
+                    .keep_file(rel, f, None, false)
+                    .map(|(h, _)| crate::fs::hash::to_string(&h)),
+                _ => sys::stat_fd(fd)
+                    .ok()
+                    .and_then(|st| self.hashes.cached(&crate::fs::hash::stamp_of(&st)))
+                    .map(|h| crate::fs::hash::to_string(&h)),
+            },
         };
         (bytes, hash)
     }

@@ -11,6 +11,7 @@ mod entries;
 mod files;
 mod query;
 mod rename;
+mod restore;
 mod xattr;
 
 use std::ffi::OsStr;

@@ -204,7 +204,7 @@ impl Fs {
         let fx = self.rename_effects(&g.ident, caller, &r)?;
         sys::rename_at(r.pfd.as_fd(), name, r.npfd.as_fd(), newname, g.flags)?;
         self.rename_done(&g, caller, &r, &fx)?;
-        let draft = self.rename_draft(&r, fx.edit);
+        let draft = self.rename_draft(&r, fx.edit, fx.versions);
         self.record(&g.ident, caller, MutationType::Rename, &r.to, draft)?;
         Ok(Some(()))
     }
@@ -354,18 +354,40 @@ impl Fs {
     ) -> Result<RenameEffects> {
         // A rename over a file (`sed -i`, editors, `os.replace`) is an edit of it: the entry
         // carries the lines that changed against the file it replaced, and both hashes.
-        let edit = match &r.dst {
-            Some(d)
-                if !r.src_dir
-                    && !r.exchange
-                    && d.st_mode & libc::S_IFMT == libc::S_IFREG
-                    && r.src.st_mode & libc::S_IFMT == libc::S_IFREG
-                    && self.content_recorded(&r.to) =>
-            {
-                let small = |dir, n| read_at(dir, n, crate::fs::stale::RANGE_LIMIT);
-                small(r.npfd.as_fd(), r.newname).zip(small(r.pfd.as_fd(), r.name))
+        let over_file = r.dst.as_ref().is_some_and(|d| {
+            !r.src_dir
+                && !r.exchange
+                && d.st_mode & libc::S_IFMT == libc::S_IFREG
+                && r.src.st_mode & libc::S_IFMT == libc::S_IFREG
+                && self.content_recorded(&r.to)
+        });
+        let edit = if over_file {
+            let small = |dir, n| read_at(dir, n, crate::fs::stale::RANGE_LIMIT);
+            small(r.npfd.as_fd(), r.newname).zip(small(r.pfd.as_fd(), r.name))
+        } else {
+            None
+        };
+        // Both versions go to the store before the rename replaces the old one: the
+        // bytes just read for a small file, the files themselves for a larger one.
+        let versions = match &edit {
+            Some((old, new)) => {
+                let (ho, hn) = (
+                    crate::ledger::sha256_bytes(old),
+                    crate::ledger::sha256_bytes(new),
+                );
+                self.keep_bytes(&r.to, old, &ho);
+                self.keep_bytes(&r.to, new, &hn);
+                (Some(hn), Some(ho))
             }
-            _ => None,
+            None if over_file => {
+                let keep = |dir, n| {
+                    sys::open_read_at(dir, n)
+                        .ok()
+                        .and_then(|f| self.keep_current(&r.to, &f))
+                };
+                (keep(r.pfd.as_fd(), r.name), keep(r.npfd.as_fd(), r.newname))
+            }
+            None => (None, None),
         };
         let moved_ref = crate::policy::git::ref_name(&r.to).map(|name| {
             (
@@ -394,6 +416,7 @@ impl Fs {
         }
         Ok(RenameEffects {
             edit,
+            versions,
             moved_ref,
             packed: packed.unwrap_or_default(),
         })
@@ -462,24 +485,28 @@ impl Fs {
 
     /// The `RENAME` entry: the lines an edit by rename changed, or the content now under
     /// the new name.
-    fn rename_draft(&self, r: &RenameReq<'_>, edit: Option<(Vec<u8>, Vec<u8>)>) -> Draft {
+    fn rename_draft(
+        &self,
+        r: &RenameReq<'_>,
+        edit: Option<(Vec<u8>, Vec<u8>)>,
+        (kept_new, kept_old): (Option<String>, Option<String>),
+    ) -> Draft {
         let (ranges, content_hash, prev_content_hash) = match &edit {
-            Some((old, new)) => (
-                crate::ledger::changed_ranges(old, new),
-                Some(crate::ledger::sha256_bytes(new)),
-                Some(crate::ledger::sha256_bytes(old)),
-            ),
+            Some((old, new)) => (crate::ledger::changed_ranges(old, new), kept_new, kept_old),
+            // A larger file renamed over another: both versions were kept (and hashed)
+            // before the rename.
+            None if kept_new.is_some() || kept_old.is_some() => (None, kept_new, kept_old),
             // A regular file's content is on record under its new name too: it may come
             // from where nothing is ledgered file by file (written under `.git/`, as a
             // temporary) and the entry is then its only record (the hash cache knows it
-            // when it was written or read through the mount).
+            // when it was written or read through the mount). Kept in the store too.
             None if !r.src_dir
                 && r.src.st_mode & libc::S_IFMT == libc::S_IFREG
                 && self.content_recorded(&r.to) =>
             {
                 let h = sys::open_read_at(r.npfd.as_fd(), r.newname)
                     .ok()
-                    .and_then(|f| self.hashes.hash(&f).ok());
+                    .and_then(|f| self.keep_file(&r.to, &f, None, true));
                 (None, h.map(|(h, _)| crate::fs::hash::to_string(&h)), None)
             }
             None => (None, None, None),
@@ -490,14 +517,21 @@ impl Fs {
             content_hash,
             prev_content_hash,
             size: (!r.src_dir).then_some(r.src.st_size as u64),
-            detail: r.exchange.then(|| serde_json::json!({ "exchange": true })),
+            detail: if r.exchange {
+                Some(serde_json::json!({ "exchange": true }))
+            } else {
+                // What `rewind` needs to put the file it replaced back as it was.
+                r.dst
+                    .filter(|d| d.st_mode & libc::S_IFMT == libc::S_IFREG)
+                    .map(|d| serde_json::json!({ "replaced_mode": format!("{:o}", d.st_mode & 0o7777) }))
+            },
             ..Default::default()
         }
     }
 
     /// Whether a file's content at `rel` is recorded entry by entry (not git's internals,
     /// not build output summarized).
-    fn content_recorded(&self, rel: &Path) -> bool {
+    pub(crate) fn content_recorded(&self, rel: &Path) -> bool {
         !crate::fs::stale::untracked(rel)
             && self.gate.guard.rules().policy.output_match(rel).is_none()
     }
@@ -535,6 +569,8 @@ struct RenameGrant {
 struct RenameEffects {
     /// `(old, new)` content of a file renamed over (an edit).
     edit: Option<(Vec<u8>, Vec<u8>)>,
+    /// `(new, old)` content hashes of a file renamed over, both kept in the store.
+    versions: (Option<String>, Option<String>),
     /// A loose ref moved: `(name, old, new)`.
     moved_ref: Option<(String, Option<String>, Option<String>)>,
     /// Refs `packed-refs` changes: `(name, old, new)` each.
