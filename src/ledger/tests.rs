@@ -1130,7 +1130,10 @@ fn before_sync_runs_before_each_group_commit() {
     l.record(draft(MutationType::Write, "a")).unwrap();
     let t0 = Instant::now();
     while calls.load(Ordering::SeqCst) == 0 {
-        assert!(t0.elapsed() < Duration::from_secs(5), "no sync after an entry");
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no sync after an entry"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     // A second entry later: another group commit, another call.
@@ -1139,7 +1142,10 @@ fn before_sync_runs_before_each_group_commit() {
     l.record(draft(MutationType::Write, "b")).unwrap();
     let t0 = Instant::now();
     while calls.load(Ordering::SeqCst) == before {
-        assert!(t0.elapsed() < Duration::from_secs(5), "no sync after the second entry");
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no sync after the second entry"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 }
