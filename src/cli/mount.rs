@@ -655,10 +655,25 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
     if let Some(dir) = plan.ledger_path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
+    // The content store exists before the mount serves (its directory is hidden by
+    // inode), and before the ledger: the ledger's group commit makes the store's new
+    // objects durable before the entries naming them (see `store::Store::sync`).
+    let store = Arc::new(crate::store::Store::open(&plan.store_dir).map_err(|e| {
+        anyhow!("content store: {e}\nhint: give --store DIR on a writable filesystem")
+    })?);
+    store.defer_sync();
+    // Leftovers of puts a killed daemon interrupted (an hour old: not a put running now).
+    let _ = store.sweep_temps(Duration::from_secs(3600));
+    let synced = store.clone();
     let (ledger, report) = Ledger::open(
         &plan.ledger_path,
         LedgerOptions {
             workspace: Some(plan.workspace.clone()),
+            before_sync: Some(crate::ledger::BeforeSync(Arc::new(move || {
+                if let Err(e) = synced.sync() {
+                    tracing::warn!("content store: syncfs: {e}");
+                }
+            }))),
             ..Default::default()
         },
     )
@@ -762,13 +777,7 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
         }
         None => None,
     };
-    // The store exists before the mount serves: its directory is hidden by inode.
-    let store = crate::store::Store::open(&plan.store_dir).map_err(|e| {
-        anyhow!("content store: {e}\nhint: give --store DIR on a writable filesystem")
-    })?;
-    // Leftovers of puts a killed daemon interrupted (an hour old: not a put running now).
-    let _ = store.sweep_temps(Duration::from_secs(3600));
-    fs.set_store(Arc::new(store))
+    fs.set_store(store)
         .with_context(|| format!("content store {}", plan.store_dir.display()))?;
     fs.gate.approver = match mode {
         Mode::Deny => crate::fs::approve::Approver::Deny,

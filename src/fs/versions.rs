@@ -174,8 +174,20 @@ impl Fs {
     /// (a truncate, an unlink of its last name, a rename over it): its hash, when known
     /// or kept. Small files are read once for both hash and store.
     pub(crate) fn keep_current(&self, rel: &Path, f: &File) -> Option<String> {
-        self.store()?;
+        let store = self.store()?;
         let st = sys::stat_fd(f.as_fd()).ok()?;
+        // Its hash known for this very stamp and its object there: nothing to read (an
+        // `rm` of a file written through the mount).
+        if let Some(h) = self.hashes.cached(&hash::stamp_of(&st)) {
+            let hs = hash::to_string(&h);
+            if !untracked(rel)
+                && self.not_kept(rel, Some(st.st_size as u64)).is_none()
+                && store.touch(&hs)
+            {
+                self.versions.note(&hs, None);
+                return Some(hs);
+            }
+        }
         if st.st_size as u64 <= RANGE_LIMIT {
             let bytes = hash::read_small(f, RANGE_LIMIT)?;
             let stamp = hash::stamp_of(&st);

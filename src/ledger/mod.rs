@@ -37,7 +37,7 @@ pub use reader::{
     query, read_entries, verify_chain, verify_drift, Drift, DriftKind, Filter, Finding,
     FindingKind, VerifyReport,
 };
-pub use writer::{Ledger, LedgerError, LedgerOptions, OpenReport};
+pub use writer::{BeforeSync, Ledger, LedgerError, LedgerOptions, OpenReport};
 
 /// Where a workspace keeps its ledger unless `--ledger` says otherwise.
 pub const DEFAULT_LEDGER: &str = ".orchestration/agent_trace.jsonl";

@@ -1106,3 +1106,46 @@ fn intent_map_keeps_recent_gone_files_and_drops_older_ones() {
         &text[text.len() - 300..]
     );
 }
+
+/// The hook the content store hangs on the group commit runs before each `fdatasync`, on
+/// the sync thread: entries are never durable before what they name.
+#[test]
+fn before_sync_runs_before_each_group_commit() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let lp = dir.path().join("agent_trace.jsonl");
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let (l, _) = Ledger::open(
+        &lp,
+        LedgerOptions {
+            before_sync: Some(BeforeSync(std::sync::Arc::new(move || {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }))),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    l.record(draft(MutationType::Write, "a")).unwrap();
+    let t0 = Instant::now();
+    while calls.load(Ordering::SeqCst) == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no sync after an entry"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // A second entry later: another group commit, another call.
+    std::thread::sleep(Duration::from_millis(20));
+    let before = calls.load(Ordering::SeqCst);
+    l.record(draft(MutationType::Write, "b")).unwrap();
+    let t0 = Instant::now();
+    while calls.load(Ordering::SeqCst) == before {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no sync after the second entry"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

@@ -88,6 +88,18 @@ pub enum LedgerError {
     },
 }
 
+/// Called by the ledger's sync thread before each `fdatasync` of the ledger: what entries
+/// refer to (the content store's objects) is made durable first, so an entry that
+/// survives a power cut names objects that survived it too.
+#[derive(Clone)]
+pub struct BeforeSync(pub Arc<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for BeforeSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BeforeSync(..)")
+    }
+}
+
 /// How to open a ledger.
 #[derive(Clone, Debug)]
 pub struct LedgerOptions {
@@ -97,6 +109,8 @@ pub struct LedgerOptions {
     pub queue_capacity: usize,
     /// Shortest time between two `fdatasync`s (at least 5 ms): group commit.
     pub max_batch_delay: Duration,
+    /// Run before each `fdatasync` of the ledger (the content store's `sync`).
+    pub before_sync: Option<BeforeSync>,
 }
 
 impl Default for LedgerOptions {
@@ -105,6 +119,7 @@ impl Default for LedgerOptions {
             workspace: None,
             queue_capacity: 4096,
             max_batch_delay: Duration::from_millis(2),
+            before_sync: None,
         }
     }
 }
@@ -364,9 +379,10 @@ impl Ledger {
             let shared = shared.clone();
             let delay = opts.max_batch_delay;
             let path = path.to_path_buf();
+            let before = opts.before_sync.clone();
             std::thread::Builder::new()
                 .name("intentfs-ledger".into())
-                .spawn(move || sync_loop(shared, sync_file, delay, path))
+                .spawn(move || sync_loop(shared, sync_file, delay, path, before))
                 .map_err(io_err)?
         };
         let inner = Inner {
@@ -670,7 +686,13 @@ const SYNC_EVERY: Duration = Duration::from_millis(5);
 /// The background half: retries pending lines after a failure, makes written lines
 /// durable (`fdatasync` outside the lock, so appends go on meanwhile) and keeps the head
 /// checkpoint; at shutdown, drains and syncs, then closes.
-fn sync_loop(sh: Arc<Shared>, sync_file: File, delay: Duration, path: PathBuf) {
+fn sync_loop(
+    sh: Arc<Shared>,
+    sync_file: File,
+    delay: Duration,
+    path: PathBuf,
+    before: Option<BeforeSync>,
+) {
     let gap = SYNC_EVERY.max(delay);
     let mut head_file: Option<File> = None;
     let mut last_sync: Option<Instant> = None;
@@ -738,6 +760,9 @@ fn sync_loop(sh: Arc<Shared>, sync_file: File, delay: Duration, path: PathBuf) {
             let pending_empty = st.pending.is_empty();
             drop(st);
             last_sync = Some(Instant::now());
+            if let Some(b) = &before {
+                (b.0)();
+            }
             match sync_file.sync_data() {
                 Ok(()) => {
                     // The checkpoint may lag (a crash between fsync and rename): it is a

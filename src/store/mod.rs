@@ -6,10 +6,19 @@
 //! blocks, so it costs no copy and no space until the file changes). The name is the
 //! SHA-256 the ledger records (`"sha256:<64 hex>"`), so equal contents are one object.
 //!
-//! An object is complete or absent: written under a temporary name in its directory,
-//! `fdatasync`'d, then renamed into place. A daemon killed at any point leaves either
-//! no object or the whole one (and at worst a `.tmp.*` file, which [`Store::sweep_temps`]
-//! removes). Callers write the object before the ledger entry that names it.
+//! An object is complete or absent: written under a temporary name in its directory, then
+//! renamed into place. A daemon killed at any point leaves either no object or the whole
+//! one (and at worst a `.tmp.*` file, which [`Store::sweep_temps`] removes). Callers write
+//! the object before the ledger entry that names it.
+//!
+//! Durability against a power cut: by default each object is `fdatasync`'d before its
+//! rename. A mounted daemon defers it instead ([`Store::defer_sync`]): the ledger's group
+//! commit calls [`Store::sync`] (one `syncfs` of the store's filesystem) before each
+//! `fdatasync` of the ledger, so an entry that is durable names durable objects, and a
+//! syscall does not wait for a disk flush per new object (about 5 ms each on the virtual
+//! disk measured, against 0.25 ms for the rest of a put). An object a power cut caught
+//! half-written is empty (ext4's delayed allocation) and counts as absent: it is written
+//! again by the next put of its content.
 //!
 //! No knowledge of FUSE, intents or the policy: bytes and hashes in, bytes out.
 
@@ -92,6 +101,10 @@ pub struct Store {
     /// Whether `FICLONE` may still work here: off after the first "not supported" (most
     /// filesystems: ext4, tmpfs, overlayfs), so the fallback costs one failed ioctl.
     reflink: std::sync::atomic::AtomicBool,
+    /// Objects are made durable by [`Store::sync`], not one `fdatasync` each.
+    deferred: std::sync::atomic::AtomicBool,
+    /// Objects were written since the last [`Store::sync`].
+    unsynced: std::sync::atomic::AtomicBool,
     pub counters: Counters,
 }
 
@@ -166,12 +179,43 @@ impl Store {
             dir: dir.to_path_buf(),
             seq: AtomicU64::new(0),
             reflink: std::sync::atomic::AtomicBool::new(true),
+            deferred: std::sync::atomic::AtomicBool::new(false),
+            unsynced: std::sync::atomic::AtomicBool::new(false),
             counters: Counters::default(),
         }
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// From now on, leave objects' durability to [`Store::sync`] (called by the ledger's
+    /// group commit before it makes entries durable) instead of one `fdatasync` per object.
+    pub fn defer_sync(&self) {
+        self.deferred.store(true, Ordering::Relaxed);
+    }
+
+    /// Make every object written since the last call durable: one `syncfs` of the store's
+    /// filesystem (nothing when none was written).
+    pub fn sync(&self) -> io::Result<()> {
+        if !self.unsynced.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let r = File::open(&self.dir).and_then(|d| Ok(rustix::fs::syncfs(&d)?));
+        if r.is_err() {
+            self.unsynced.store(true, Ordering::Release);
+        }
+        r
+    }
+
+    /// Make a just-written object file durable, now or at the next [`Store::sync`].
+    fn durable(&self, f: &File) -> io::Result<()> {
+        if self.deferred.load(Ordering::Relaxed) {
+            self.unsynced.store(true, Ordering::Release);
+            Ok(())
+        } else {
+            f.sync_data()
+        }
     }
 
     /// Where the object for `hex` (64 digits) of `kind` lives.
@@ -214,9 +258,16 @@ impl Store {
             last_modification: now,
         };
         [Kind::Zstd, Kind::Raw].into_iter().any(|k| {
+            let p = self.object_path(hex, k);
+            // An empty object file is one a power cut caught before its data reached the
+            // disk (no content's object is empty: the empty content has none): absent.
+            match fs::symlink_metadata(&p) {
+                Ok(m) if m.len() > 0 => {}
+                _ => return false,
+            }
             rustix::fs::utimensat(
                 rustix::fs::CWD,
-                self.object_path(hex, k),
+                &p,
                 &times,
                 rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
             )
@@ -243,7 +294,7 @@ impl Store {
         let (tmp, f) = self.temp(hex)?;
         let r = (|| {
             f.write_all_at(&compressed, 0)?;
-            f.sync_data()
+            self.durable(&f)
         })();
         self.commit(r, &tmp, hex, Kind::Zstd)?;
         self.count_written(data.len() as u64, compressed.len() as u64, false);
@@ -274,7 +325,10 @@ impl Store {
             }
         }
         let (tmp, f) = self.temp(hex)?;
-        let (got, size, on_disk) = match compress_into(file, &f) {
+        let (got, size, on_disk) = match compress_into(file, &f).and_then(|r| {
+            self.durable(&f)?;
+            Ok(r)
+        }) {
             Ok(r) => r,
             Err(e) => {
                 let _ = fs::remove_file(&tmp);
@@ -299,7 +353,10 @@ impl Store {
     /// taking the hash as the file's.
     pub fn put_file_hashing(&self, file: &File) -> io::Result<(String, Put)> {
         let (tmp, f) = self.temp_in(&self.dir, "unhashed")?;
-        let r = compress_into(file, &f);
+        let r = compress_into(file, &f).and_then(|r| {
+            self.durable(&f)?;
+            Ok(r)
+        });
         let (hex, size, on_disk) = match r {
             Ok(r) => r,
             Err(e) => {
@@ -360,7 +417,7 @@ impl Store {
                 "the file changed while it was cloned into the content store",
             ));
         }
-        let r = f.sync_data();
+        let r = self.durable(&f);
         self.commit(r, &tmp, hex, Kind::Raw)?;
         Ok(Some(after.len()))
     }
@@ -573,8 +630,8 @@ pub struct Object {
 }
 
 /// Compress `file` (read with `pread` from offset 0 to its end) into `out` as one zstd
-/// frame, hashing the bytes as they pass, and make `out` durable: `(hex of the bytes' SHA-256,
-/// bytes read, bytes written)`.
+/// frame, hashing the bytes as they pass: `(hex of the bytes' SHA-256, bytes read, bytes
+/// written)`. The caller makes `out` durable.
 fn compress_into(file: &File, out: &File) -> io::Result<(String, u64, u64)> {
     let mut hasher = Sha256::new();
     let mut enc = zstd::stream::Encoder::new(BufWriter::with_capacity(BUF, out), LEVEL)?;
@@ -592,7 +649,6 @@ fn compress_into(file: &File, out: &File) -> io::Result<(String, u64, u64)> {
         off += n as u64;
     }
     enc.finish()?.flush()?;
-    out.sync_data()?;
     let written = out.metadata()?.len();
     Ok((hex::encode(hasher.finalize()), off, written))
 }

@@ -463,3 +463,28 @@ fn gc_puts_back_an_object_a_put_reused_meanwhile() {
     assert!(matches!(r, super::gc::Removal::Removed));
     assert!(!s.has(&h));
 }
+
+#[test]
+fn deferred_durability_syncs_once_and_an_empty_object_counts_as_absent() {
+    let (_d, s) = store();
+    s.defer_sync();
+    assert!(s.sync().is_ok(), "nothing written: nothing to do");
+    let h = s.put_bytes(b"synced by the ledger's group commit").unwrap();
+    assert!(s.unsynced.load(Ordering::Relaxed));
+    s.sync().unwrap();
+    assert!(!s.unsynced.load(Ordering::Relaxed));
+    // What a power cut leaves of an object whose data never reached the disk: its name,
+    // empty. Not present: the next put writes it again.
+    let (path, _) = s.locate(&h).unwrap();
+    fs::write(&path, b"").unwrap();
+    assert!(!s.touch(&h));
+    assert_eq!(
+        s.put_bytes_hashed(b"synced by the ledger's group commit", &h)
+            .unwrap(),
+        Put::Compressed
+    );
+    assert_eq!(
+        s.get(&h).unwrap().unwrap(),
+        b"synced by the ledger's group commit"
+    );
+}
