@@ -706,6 +706,30 @@ impl Fs {
         false
     }
 
+    /// A passthrough write handle whose file is still mapped shared and writable by the
+    /// processes that opened it or their descendants: with kernel passthrough the mapping
+    /// holds the backing file itself, so it goes on writing after the handle's release.
+    pub(crate) fn pt_mapped(&self, h: &FileHandle) -> bool {
+        let Some(writers) = h.write_state().filter(|w| w.pt).map(|w| w.writers.clone()) else {
+            return false;
+        };
+        let ino = h.node.ino;
+        let mut seen = Vec::new();
+        let mut todo: Vec<u32> = writers.iter().map(|&p| p as u32).collect();
+        // (A bound: a process tree of a few hundred is searched whole.)
+        while let Some(pid) = todo.pop() {
+            if seen.contains(&pid) || seen.len() >= 512 {
+                continue;
+            }
+            seen.push(pid);
+            if maps_shared_writable(pid, ino) {
+                return true;
+            }
+            todo.extend(proc_children(pid));
+        }
+        false
+    }
+
     /// A passthrough write handle (see [`WriteState::pt`]): whether the file changed since
     /// its open or its last entry (its writes moved the stamp without the daemon); if so,
     /// a `WRITE` is owed.
@@ -902,6 +926,12 @@ impl Fs {
             drop(w);
             return self.record(&h.identity, &h.caller, MutationType::Write, &rel, draft);
         }
+        if h.write_state().is_some_and(|w| w.pt) {
+            // Writes through a shared mapping can change the content without moving the
+            // stamp the hash cache is keyed by: a passthrough handle's entry hashes what
+            // it reads, never a remembered hash.
+            self.hashes.forget(h.node.dev, h.node.ino);
+        }
         let reopened = self
             .fd(&h.node)
             .ok()
@@ -997,6 +1027,66 @@ fn with_token(draft: &mut Draft, w: &WriteState) {
     if let Some(m) = d.as_object_mut() {
         m.insert("handle".into(), w.token.clone().into());
     }
+}
+
+/// A passthrough write handle released while its file stays mapped: it keeps its lease
+/// (and counts for WRITES_OPEN) until no process of its tree maps the file any more, then
+/// its last content is recorded, as a release would have.
+pub(crate) fn linger_while_mapped(fs: &std::sync::Weak<Fs>, fh: u64, h: &Arc<FileHandle>) {
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let Some(fs) = fs.upgrade() else { return };
+        if fs.pt_mapped(h) {
+            continue;
+        }
+        if fs.take_handle(fh).is_none() {
+            return;
+        }
+        // Writes through a mapping may leave the stamp as it was (tmpfs does not update
+        // the time for them): the content is hashed whatever the stamp says.
+        if let Some(mut w) = h.write_state() {
+            w.dirty = true;
+        }
+        if let Err(e) = fs.record_write_noting(h) {
+            tracing::warn!("the WRITE after a mapping of a released handle went: {e:?}");
+        }
+        fs.handle_closed(h);
+        return;
+    }
+}
+
+/// Whether process `pid` maps the file with inode `ino` shared and writable
+/// (`/proc/PID/maps`: with kernel passthrough the mapping is of the backing file, whose
+/// inode it names). The device is not compared: maps names the superblock's, which is not
+/// `st_dev` on btrfs subvolumes or overlayfs; a writable shared mapping of another file with
+/// the same inode number in the same process tree only makes the handle linger longer.
+fn maps_shared_writable(pid: u32, ino: u64) -> bool {
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return false;
+    };
+    let want_ino = ino.to_string();
+    maps.lines().any(|l| {
+        let mut f = l.split_ascii_whitespace();
+        let (perms, i) = (f.nth(1), f.nth(2));
+        perms.is_some_and(|p| p.as_bytes().get(1) == Some(&b'w') && p.ends_with('s'))
+            && i == Some(want_ino.as_str())
+    })
+}
+
+/// The children of every thread of `pid` (`/proc/PID/task/TID/children`).
+fn proc_children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_ascii_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
 }
 
 /// Whether `pid` is one of `set` or a descendant of one (a few generations up); None when

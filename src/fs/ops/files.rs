@@ -38,7 +38,9 @@ impl Fs {
         let pt = write_rel
             .as_ref()
             .is_some_and(|rel| self.data_passthrough() && !crate::fs::gitrefs::is_rebase_todo(rel));
-        if let (true, Some(rel)) = (pt, &write_rel) {
+        // Every write open of a passthrough mount takes part in the lease, a daemon-served
+        // one (a rebase todo list, which may be a hard link of any file) included.
+        if let (true, Some(rel)) = (self.data_passthrough(), &write_rel) {
             self.check_lease(&ident, caller, &node, rel)?;
         }
         let fd = self.fd(&node)?;
@@ -442,6 +444,11 @@ impl Fs {
         // duplicate of the truncating fd before writing, which must not make an entry of
         // the empty file. A truncate-only or create-only handle records at release.
         if h.write_state().is_some_and(|w| w.wrote) || self.pt_changed(&h) {
+            if self.pt_mapped(&h) {
+                if let Some(mut w) = h.write_state() {
+                    w.mapped = true;
+                }
+            }
             self.record_write_noting(&h)?;
         }
         Ok(())
@@ -457,7 +464,7 @@ impl Fs {
 
     /// The WRITE entry of a handle, and the identity's view under the names it opened the
     /// file by (see [`Fs::note_open_names`]).
-    pub(super) fn record_write_noting(&self, h: &FileHandle) -> Result<()> {
+    pub(crate) fn record_write_noting(&self, h: &FileHandle) -> Result<()> {
         let dirty = h.write_state().is_some_and(|w| w.dirty);
         // The entry's path, content hash and place in the ledger are taken under the file's
         // stale lock: a rename of the file either comes before (the entry has the new name)
@@ -474,12 +481,29 @@ impl Fs {
         r
     }
 
-    pub fn release(&self, fh: u64) -> Result<()> {
+    pub fn release(self: &Arc<Self>, fh: u64) -> Result<()> {
         if let Some(Handle::File(h)) = self.take_handle(fh) {
-            // A passthrough handle's last changes (a shared mapping is written until it
-            // goes, and it goes before the release) are hashed now.
+            // A passthrough handle's changes so far are hashed now (and afresh when the
+            // file was mapped: writes through a mapped page need not move its stamp).
+            let mapped = self.pt_mapped(&h);
             self.pt_changed(&h);
+            if let Some(mut w) = h.write_state().filter(|w| w.pt && (w.mapped || mapped)) {
+                w.dirty = true;
+            }
             let r = self.record_write_noting(&h);
+            // With kernel passthrough a shared mapping holds the backing file, not this
+            // handle: it outlives the release and keeps writing the file. Such a handle
+            // stays open for the daemon (its lease, WRITES_OPEN) until the mapping goes,
+            // then its last content is recorded.
+            if mapped {
+                tracing::info!(fh, "a passthrough write handle released while its file is mapped: it keeps its lease until unmapped");
+                self.handles.lock().insert(fh, Handle::File(h.clone()));
+                let fs = Arc::downgrade(self);
+                std::thread::Builder::new()
+                    .name("pt-mapped".into())
+                    .spawn(move || crate::fs::stale::linger_while_mapped(&fs, fh, &h))?;
+                return r;
+            }
             self.handle_closed(&h);
             r?;
         }
