@@ -577,6 +577,7 @@ impl Fs {
         &self,
         ident: &Arc<Identity>,
         caller: &Caller,
+        op: Operation,
         node: &Node,
         rel: &Path,
     ) -> Result<()> {
@@ -601,7 +602,7 @@ impl Fs {
         );
         let d = Denial::new(
             Code::WriteLeased,
-            Operation::OpenWrite,
+            op,
             rel,
             ident.intent().as_deref(),
             format!("{} is open for writing by {who}", rel.display()),

@@ -41,7 +41,7 @@ impl Fs {
         // Every write open of a passthrough mount takes part in the lease, a daemon-served
         // one (a rebase todo list, which may be a hard link of any file) included.
         if let (true, Some(rel)) = (self.data_passthrough(), &write_rel) {
-            self.check_lease(&ident, caller, &node, rel)?;
+            self.check_lease(&ident, caller, Operation::OpenWrite, &node, rel)?;
         }
         let fd = self.fd(&node)?;
         // O_TRUNC empties the file inside the open: keep the old content first (line
