@@ -1069,3 +1069,71 @@ os.close(fd)
     assert_eq!(last["agent"]["name"], "carol");
     assert_verified(&tm);
 }
+
+/// The intent switch is refused while the identity holds write handles (WRITES_OPEN): the
+/// check must not race a write open of the same identity in flight (authorized under the
+/// old intent, its handle not yet counted). Found open (a switch landed between a handle's
+/// WRITE_BEGIN and the WRITE of its bytes); write opens and switches now exclude each other.
+/// Hammered from two threads of one identity: no switch may land between a handle's
+/// WRITE_BEGIN and the WRITE at its close.
+#[test]
+fn an_intent_switch_never_lands_while_a_write_handle_is_open() {
+    let tm = mount(&[("docs/r.md", "")]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let path = tm.m("docs/r.md");
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            for _ in 0..400 {
+                if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(&path) {
+                    let _ = f.write_all(b"x\n");
+                }
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        })
+    };
+    let mut switched = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        for to in ["DOCS\n", "ALL\n"] {
+            if std::fs::write(tm.m(".intentfs/intent"), to).is_ok() {
+                switched += 1;
+            }
+        }
+    }
+    writer.join().unwrap();
+    let ledger = tm.ledger();
+    let mut open: std::collections::HashMap<String, usize> = Default::default();
+    let mut last_write: std::collections::HashMap<String, usize> = Default::default();
+    for (i, e) in ledger.iter().enumerate() {
+        let token = e["detail"]["handle"].as_str().unwrap_or("").to_string();
+        match e["mutation_type"].as_str() {
+            Some("WRITE_BEGIN") => {
+                open.insert(token, i);
+            }
+            Some("WRITE") => {
+                // The first after its begin: the close after its write (a switch after it
+                // is one after the last write through the handle).
+                last_write.entry(token).or_insert(i);
+            }
+            _ => {}
+        }
+    }
+    let switches: Vec<usize> = ledger
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e["mutation_type"] == "INTENT")
+        .map(|(i, _)| i)
+        .collect();
+    assert!(switches.len() >= 2, "no switch landed ({switched})");
+    for (token, begin) in &open {
+        let Some(end) = last_write.get(token) else {
+            continue;
+        };
+        if let Some(s) = switches.iter().find(|s| *s > begin && *s < end) {
+            panic!(
+                "a switch landed while handle {token} was open for writing: {:#?}",
+                &ledger[*begin..=*end.max(s)]
+            );
+        }
+    }
+}

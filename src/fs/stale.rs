@@ -1058,9 +1058,11 @@ pub(crate) fn linger_while_mapped(fs: &std::sync::Weak<Fs>, fh: u64, h: &Arc<Fil
 
 /// Whether process `pid` maps the file with inode `ino` shared and writable
 /// (`/proc/PID/maps`: with kernel passthrough the mapping is of the backing file, whose
-/// inode it names). The device is not compared: maps names the superblock's, which is not
-/// `st_dev` on btrfs subvolumes or overlayfs; a writable shared mapping of another file with
-/// the same inode number in the same process tree only makes the handle linger longer.
+/// inode it names). Neither the device nor the path is compared: maps names the
+/// superblock's device, which is not `st_dev` on btrfs subvolumes or overlayfs, and the
+/// path as the mapping process sees it (another mount namespace, a container). Shared
+/// memory (`/dev/shm`, memfd, SysV) is skipped; another writable shared mapping of a file
+/// with the same inode number only makes the handle keep its lease until it goes.
 fn maps_shared_writable(pid: u32, ino: u64) -> bool {
     let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
         return false;
@@ -1068,9 +1070,12 @@ fn maps_shared_writable(pid: u32, ino: u64) -> bool {
     let want_ino = ino.to_string();
     maps.lines().any(|l| {
         let mut f = l.split_ascii_whitespace();
-        let (perms, i) = (f.nth(1), f.nth(2));
+        let (perms, i, path) = (f.nth(1), f.nth(2), f.next().unwrap_or(""));
         perms.is_some_and(|p| p.as_bytes().get(1) == Some(&b'w') && p.ends_with('s'))
             && i == Some(want_ino.as_str())
+            && !["/dev/", "/memfd:", "/SYSV"]
+                .iter()
+                .any(|special| path.starts_with(special))
     })
 }
 

@@ -25,6 +25,8 @@ impl Fs {
         // truncation (O_TRUNC) and the handle's setup: a concurrent stale-checked rename,
         // unlink, truncate or write of the same file either happened before the check (and
         // is judged by it) or sees this open's effect.
+        // (Held until the handle is counted: see `Fs::intent_switch`.)
+        let _switch = (changes && self.data_passthrough()).then(|| self.intent_switch.read());
         let _stale = if changes {
             self.table.stale_locks(&[(node.dev, node.ino)])
         } else {
@@ -240,6 +242,8 @@ impl Fs {
         umask: u32,
         flags: i32,
     ) -> Result<(Entry, u64, OpenOpts)> {
+        // (Held until the handle is counted: see `Fs::intent_switch`.)
+        let _switch = self.data_passthrough().then(|| self.intent_switch.read());
         let super::entries::NewEntry {
             pfd,
             rel,
