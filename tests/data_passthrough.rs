@@ -912,7 +912,8 @@ fn a_child_writing_after_its_parent_exited_is_the_handles_own() {
 
 /// Alice hands her descriptor to bob over a Unix socket (SCM_RIGHTS) and bob writes
 /// through it: the kernel writes it (the open was alice's), but the write is not put on
-/// alice's account alone: her entry names bob's process as a writer outside her identity.
+/// alice's account alone: her entry names bob's process as a writer outside her identity
+/// (closing a duplicate first, as a process of the handle would, does not make him one).
 #[test]
 fn a_descriptor_passed_to_another_identity_names_the_other_writer() {
     let tm = mount(&[("docs/f.md", "base\n")]);
@@ -947,6 +948,7 @@ os.close(fd)
 s = socket.socket(socket.AF_UNIX)
 s.connect(sys.argv[1])
 _, fds, _, _ = socket.recv_fds(s, 1, 1)
+os.close(os.dup(fds[0]))  # a close of the handle by bob first
 os.write(fds[0], b'bob\\n')
 s.send(b'k')
 print('pid', os.getpid(), flush=True)
@@ -1149,7 +1151,13 @@ fn uid_layout(files: &[(&str, &str)]) -> Option<(common::deploy::Layout, common:
     let l = Layout::with(TWO, files);
     chown_r(&l.ws, AGENT_UID);
     let m = l.mount_env(
-        &["--allow-other", "--approver", "deny", "--data", "passthrough"],
+        &[
+            "--allow-other",
+            "--approver",
+            "deny",
+            "--data",
+            "passthrough",
+        ],
         &[],
     );
     Some((l, m))
@@ -1174,8 +1182,7 @@ fn uid_verify(l: &common::deploy::Layout) -> (bool, String) {
 #[test]
 fn an_agent_under_another_uid_gets_past_neither_the_scope_the_lease_nor_the_record() {
     use common::deploy::*;
-    let Some((l, _m)) = uid_layout(&[("docs/a.md", "one\n"), ("src/lib.rs", "fn a() {}\n")])
-    else {
+    let Some((l, _m)) = uid_layout(&[("docs/a.md", "one\n"), ("src/lib.rs", "fn a() {}\n")]) else {
         return;
     };
     let meet = l.meeting_dir();
@@ -1215,7 +1222,11 @@ print('done=yes', flush=True)
     let evil = agent_cmd(
         &l,
         &["--intent", "DOCS", "--agent", "evil"],
-        &format!("exec /usr/bin/python3 {} {}", script.display(), meet.display()),
+        &format!(
+            "exec /usr/bin/python3 {} {}",
+            script.display(),
+            meet.display()
+        ),
     )
     .stdout(Stdio::piped())
     .stderr(Stdio::piped())
@@ -1230,13 +1241,20 @@ print('done=yes', flush=True)
         &["--intent", "ALL", "--agent", "other"],
         "echo other >> docs/a.md; code=$?; cat .intentfs/last_error; exit $code",
     );
-    assert!(!other.status.success(), "the mapped file was opened: {other:?}");
+    assert!(
+        !other.status.success(),
+        "the mapped file was opened: {other:?}"
+    );
     let err: Value = serde_json::from_slice(&other.stdout).unwrap();
     assert_eq!(err["code"], "WRITE_LEASED", "{err:#}");
     std::fs::write(meet.join("go"), "").unwrap();
     let out = evil.wait_with_output().unwrap();
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for want in ["open=EACCES", "truncate=EACCES", "link=EACCES", "done=yes"] {
         assert!(said.contains(want), "no {want} in {said}");
     }
@@ -1251,7 +1269,9 @@ print('done=yes', flush=True)
     );
     let want = sha(b"TWO\n");
     let last = l.wait_ledger("evil's last WRITE", |e| {
-        e["mutation_type"] == "WRITE" && e["path"] == "docs/a.md" && e["content_hash"] == want.as_str()
+        e["mutation_type"] == "WRITE"
+            && e["path"] == "docs/a.md"
+            && e["content_hash"] == want.as_str()
     });
     assert_eq!(last["agent"]["name"], "evil");
     assert_eq!(last["agent"]["uid"], AGENT_UID);
@@ -1303,7 +1323,11 @@ except OSError:
     let agent = agent_cmd(
         &l,
         &["--intent", "DOCS", "--agent", "outliver"],
-        &format!("exec /usr/bin/python3 {} {}", script.display(), meet.display()),
+        &format!(
+            "exec /usr/bin/python3 {} {}",
+            script.display(),
+            meet.display()
+        ),
     )
     .stdout(Stdio::piped())
     .stderr(Stdio::null())
@@ -1317,11 +1341,12 @@ except OSError:
         .to_string_lossy()
         .trim_start_matches('/')
         .replace(['/', ' '], "_");
-    let pid: i32 = std::fs::read_to_string(std::path::Path::new("/run/intentfs").join(key).join("pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid: i32 =
+        std::fs::read_to_string(std::path::Path::new("/run/intentfs").join(key).join("pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
     // SAFETY: kill has no memory preconditions.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     assert!(wait_until(Duration::from_secs(5), || unsafe {
@@ -1343,4 +1368,55 @@ except OSError:
     assert!(v.contains("unfinished docs/k.md"), "{v}");
     assert!(v.contains("outliver"), "{v}");
     assert!(!v.contains("modified  docs/k.md"), "{v}");
+}
+
+/// The mapping handed down: the opener maps the file, forks, closes and exits; its child,
+/// reparented (no longer anyone's descendant the daemon knows of), writes through the
+/// inherited mapping. The handle keeps its lease until that child's mapping goes too, and
+/// the child's bytes are on record.
+#[test]
+fn a_mapping_inherited_by_an_orphaned_child_keeps_the_lease() {
+    let tm = mount(&[("docs/o.md", "one\n")]);
+    let code = format!(
+        "{MMAP_PY}
+import time
+parent = os.getpid()
+fd = os.open('docs/o.md', os.O_RDWR)
+p = mmap_shared(fd)
+if os.fork() == 0:
+    # The child keeps only the mapping; once the parent is gone, it writes through it.
+    os.close(fd)
+    while os.getppid() == parent:
+        time.sleep(0.02)
+    print('orphaned', flush=True)
+    sys.stdin.readline()
+    ctypes.memmove(p, b'KID', 3)
+    libc.munmap(p, 4096)
+    print('unmapped', flush=True)
+    os._exit(0)
+os.close(fd)
+os._exit(0)
+"
+    );
+    let mut kid = Agent::spawn(py_cmd(&tm, ALICE, "orphan.py", &code, &[]));
+    kid.expect("orphaned");
+    let out = run(
+        &tm,
+        BOB,
+        "echo bob >> docs/o.md; code=$?; cat .intentfs/last_error; exit $code",
+    );
+    assert!(
+        !out.status.success(),
+        "bob opened a file an orphan still maps"
+    );
+    let err: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(err["code"], "WRITE_LEASED", "{err:#}");
+    kid.go();
+    kid.expect("unmapped");
+    drop(kid.child.stdin.take());
+    let _ = kid.child.wait();
+    assert_eq!(tm.ws_bytes("docs/o.md"), b"KID\n");
+    let last = last_write_matching(&tm, "docs/o.md");
+    assert_eq!(last["agent"]["name"], "alice");
+    assert_verified(&tm);
 }

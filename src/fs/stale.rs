@@ -711,12 +711,21 @@ impl Fs {
     /// processes that opened it or their descendants: with kernel passthrough the mapping
     /// holds the backing file itself, so it goes on writing after the handle's release.
     pub(crate) fn pt_mapped(&self, h: &FileHandle) -> bool {
+        !self.pt_mappers(h, &[]).is_empty()
+    }
+
+    /// The processes among `h`'s openers, the processes in `also` (mappers found before:
+    /// a child that inherited the mapping is no one's descendant once its parent exited)
+    /// and their descendants that map its file shared and writable.
+    pub(crate) fn pt_mappers(&self, h: &FileHandle, also: &[u32]) -> Vec<u32> {
         let Some(writers) = h.write_state().filter(|w| w.pt).map(|w| w.writers.clone()) else {
-            return false;
+            return Vec::new();
         };
         let ino = h.node.ino;
         let mut seen = Vec::new();
+        let mut found = Vec::new();
         let mut todo: Vec<u32> = writers.iter().map(|&p| p as u32).collect();
+        todo.extend_from_slice(also);
         // (A bound: a process tree of a few hundred is searched whole.)
         while let Some(pid) = todo.pop() {
             if seen.contains(&pid) || seen.len() >= 512 {
@@ -724,11 +733,11 @@ impl Fs {
             }
             seen.push(pid);
             if maps_shared_writable(pid, ino) {
-                return true;
+                found.push(pid);
             }
             todo.extend(proc_children(pid));
         }
-        false
+        found
     }
 
     /// A passthrough write handle (see [`WriteState::pt`]): whether the file changed since
@@ -1033,11 +1042,18 @@ fn with_token(draft: &mut Draft, w: &WriteState) {
 /// A passthrough write handle released while its file stays mapped: it keeps its lease
 /// (and counts for WRITES_OPEN) until no process of its tree maps the file any more, then
 /// its last content is recorded, as a release would have.
-pub(crate) fn linger_while_mapped(fs: &std::sync::Weak<Fs>, fh: u64, h: &Arc<FileHandle>) {
+pub(crate) fn linger_while_mapped(
+    fs: &std::sync::Weak<Fs>,
+    fh: u64,
+    h: &Arc<FileHandle>,
+    mut known: Vec<u32>,
+) {
     loop {
         std::thread::sleep(std::time::Duration::from_millis(50));
         let Some(fs) = fs.upgrade() else { return };
-        if fs.pt_mapped(h) {
+        let now = fs.pt_mappers(h, &known);
+        if !now.is_empty() {
+            known = now;
             continue;
         }
         if fs.take_handle(fh).is_none() {

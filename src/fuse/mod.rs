@@ -429,7 +429,7 @@ impl Filesystem for FuseFs {
             |_| {
                 self.pt.release(fh.0);
                 // (The Arc: a handle whose file stays mapped lingers on a thread.)
-                Fs::release(&self.fs, fh.0)
+                self.fs.release(fh.0)
             },
             |r, ()| r.ok(),
         );

@@ -438,11 +438,24 @@ impl Fs {
     }
 
     pub fn flush(&self, caller: &Caller, fh: u64) -> Result<()> {
-        let _ = caller;
         if self.ctl_handle(fh).is_some() {
             return Ok(());
         }
         let h = self.file_handle(fh)?;
+        // A process of the handle's identity closing a descriptor of a passthrough handle
+        // had it (inherited): one of the handle's processes, where a mapping of the file
+        // may live on after its opener exited (see `release`). (Not one of another
+        // identity, handed the descriptor: its writes stay an outsider's.)
+        if h.write_state().is_some_and(|w| w.pt)
+            && self.gate.ids.resolve(caller.pid).key == h.identity.key
+        {
+            let tgid = crate::guard::identity::tgid_of(caller.pid) as i32;
+            if let Some(mut w) = h.write_state() {
+                if w.writers.len() < 64 && !w.writers.contains(&tgid) {
+                    w.writers.push(tgid);
+                }
+            }
+        }
         // close(2) waits for flush: ledgering here means a returned close() is on record.
         // Only a handle that wrote since its last entry records here: `echo x > f` closes a
         // duplicate of the truncating fd before writing, which must not make an entry of
@@ -489,7 +502,10 @@ impl Fs {
         if let Some(Handle::File(h)) = self.take_handle(fh) {
             // A passthrough handle's changes so far are hashed now (and afresh when the
             // file was mapped: writes through a mapped page need not move its stamp).
-            let mapped = self.pt_mapped(&h);
+            // (RELEASE carries no pid: the processes searched are those that opened or
+            // closed a descriptor of the handle, and their descendants.)
+            let mappers = self.pt_mappers(&h, &[]);
+            let mapped = !mappers.is_empty();
             self.pt_changed(&h);
             if let Some(mut w) = h.write_state().filter(|w| w.pt && (w.mapped || mapped)) {
                 w.dirty = true;
@@ -505,7 +521,7 @@ impl Fs {
                 let fs = Arc::downgrade(self);
                 std::thread::Builder::new()
                     .name("pt-mapped".into())
-                    .spawn(move || crate::fs::stale::linger_while_mapped(&fs, fh, &h))?;
+                    .spawn(move || crate::fs::stale::linger_while_mapped(&fs, fh, &h, mappers))?;
                 return r;
             }
             self.handle_closed(&h);
