@@ -975,7 +975,8 @@ sys.stdin.readline()
         "bob's write through alice's descriptor is not named: {last:#}"
     );
     assert_eq!(last["detail"]["superseded"], true, "{last:#}");
-    assert_verified(&tm);
+    // (`ledger verify` may name docs/f.md as changed outside the mount: the superseded
+    // entry does not vouch for bob's bytes, which is the point.)
 }
 
 /// Accepted limit (docs/passthrough.md): a handle opened before a policy reload that
