@@ -707,16 +707,19 @@ impl Fs {
         false
     }
 
-    /// A passthrough write handle whose file is still mapped shared and writable by the
-    /// processes that opened it or their descendants: with kernel passthrough the mapping
-    /// holds the backing file itself, so it goes on writing after the handle's release.
-    pub(crate) fn pt_mapped(&self, h: &FileHandle) -> bool {
-        !self.pt_mappers(h, &[]).is_empty()
+    /// Whether process `pid` (a thread of it) maps `h`'s file shared and writable: a
+    /// passthrough handle's process at a close.
+    pub(crate) fn pt_mapped_by(&self, h: &FileHandle, pid: u32) -> bool {
+        h.write_state().is_some_and(|w| w.pt)
+            && maps_shared_writable(crate::guard::identity::tgid_of(pid), h.node.ino)
     }
 
-    /// The processes among `h`'s openers, the processes in `also` (mappers found before:
-    /// a child that inherited the mapping is no one's descendant once its parent exited)
-    /// and their descendants that map its file shared and writable.
+    /// A passthrough write handle's file still mapped shared and writable: with kernel
+    /// passthrough the mapping holds the backing file itself, so it goes on writing after
+    /// the handle's release. The processes among `h`'s (those that opened it or closed a
+    /// descriptor of it), the processes in `also` (mappers found before: a child that
+    /// inherited the mapping is no one's descendant once its parent exited) and their
+    /// descendants that map it.
     pub(crate) fn pt_mappers(&self, h: &FileHandle, also: &[u32]) -> Vec<u32> {
         let Some(writers) = h.write_state().filter(|w| w.pt).map(|w| w.writers.clone()) else {
             return Vec::new();
@@ -936,10 +939,11 @@ impl Fs {
             drop(w);
             return self.record(&h.identity, &h.caller, MutationType::Write, &rel, draft);
         }
-        if h.write_state().is_some_and(|w| w.pt) {
+        if h.write_state().is_some_and(|w| w.pt && w.mapped) {
             // Writes through a shared mapping can change the content without moving the
-            // stamp the hash cache is keyed by: a passthrough handle's entry hashes what
-            // it reads, never a remembered hash.
+            // stamp the hash cache is keyed by: the entry of a passthrough handle whose
+            // file was mapped hashes what it reads, never a remembered hash. (A write(2)
+            // moves the stamp.)
             self.hashes.forget(h.node.dev, h.node.ino);
         }
         let reopened = self
@@ -1059,10 +1063,12 @@ pub(crate) fn linger_while_mapped(
         if fs.take_handle(fh).is_none() {
             return;
         }
-        // Writes through a mapping may leave the stamp as it was (tmpfs does not update
-        // the time for them): the content is hashed whatever the stamp says.
+        // Writes through a mapping may leave the stamp as it was (a page mapped writable
+        // already takes them without a fault): the content is hashed whatever the stamp
+        // says.
         if let Some(mut w) = h.write_state() {
             w.dirty = true;
+            w.mapped = true;
         }
         if let Err(e) = fs.record_write_noting(h) {
             tracing::warn!("the WRITE after a mapping of a released handle went: {e:?}");
@@ -1084,6 +1090,10 @@ fn maps_shared_writable(pid: u32, ino: u64) -> bool {
         return false;
     };
     let want_ino = ino.to_string();
+    // (Most processes map nothing with that number: one substring search rules them out.)
+    if !maps.contains(want_ino.as_str()) {
+        return false;
+    }
     maps.lines().any(|l| {
         let mut f = l.split_ascii_whitespace();
         let (perms, i, path) = (f.nth(1), f.nth(2), f.next().unwrap_or(""));

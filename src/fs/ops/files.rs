@@ -446,7 +446,8 @@ impl Fs {
         // had it (inherited): one of the handle's processes, where a mapping of the file
         // may live on after its opener exited (see `release`). (Not one of another
         // identity, handed the descriptor: its writes stay an outsider's.)
-        if h.write_state().is_some_and(|w| w.pt)
+        if h.write_state()
+            .is_some_and(|w| w.pt && !w.writers.contains(&(caller.pid as i32)))
             && self.gate.ids.resolve(caller.pid).key == h.identity.key
         {
             let tgid = crate::guard::identity::tgid_of(caller.pid) as i32;
@@ -461,7 +462,8 @@ impl Fs {
         // duplicate of the truncating fd before writing, which must not make an entry of
         // the empty file. A truncate-only or create-only handle records at release.
         if h.write_state().is_some_and(|w| w.wrote) || self.pt_changed(&h) {
-            if self.pt_mapped(&h) {
+            // (The closing process only: the whole tree is searched at release.)
+            if self.pt_mapped_by(&h, caller.pid) {
                 if let Some(mut w) = h.write_state() {
                     w.mapped = true;
                 }
@@ -509,6 +511,7 @@ impl Fs {
             self.pt_changed(&h);
             if let Some(mut w) = h.write_state().filter(|w| w.pt && (w.mapped || mapped)) {
                 w.dirty = true;
+                w.mapped = true;
             }
             let r = self.record_write_noting(&h);
             // With kernel passthrough a shared mapping holds the backing file, not this
