@@ -419,3 +419,1005 @@ fn git_works_and_its_objects_are_intact() {
     assert!(out.status.success(), "{out:?}");
     assert_eq!(requests(&tm, "write"), 0);
 }
+
+// ----- an adversarial pass (issue 19): routes around the decisions taken at open -------
+//
+// Each attack is a real agent process on a real mount; each asserts what reached the
+// backing file and what the ledger says of it (`ledger verify` finds no file whose content
+// differs from its last entry), not only the errno.
+
+/// `intentfs run --mount MNT ARGS -- python3 FILE ARGV`, from the mount; the script is
+/// written next to the workspace (outside the mount).
+fn py_cmd(tm: &TestMount, args: &[&str], name: &str, code: &str, argv: &[&str]) -> Command {
+    let path = tm.ws.parent().unwrap().join(name);
+    std::fs::write(&path, code).unwrap();
+    let mut c = intentfs();
+    c.arg("run")
+        .arg("--mount")
+        .arg(&tm.mnt)
+        .args(args)
+        .arg("--")
+        .arg(python())
+        .arg(&path)
+        .args(argv)
+        .current_dir(&tm.mnt)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    c
+}
+
+/// A line-driven agent process: it prints a line at each step and waits for one.
+struct Agent {
+    child: Child,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Agent {
+    fn spawn(mut c: Command) -> Agent {
+        let mut child = c.spawn().unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Agent { child, out }
+    }
+    /// The next line it prints (which must be `want` when given).
+    fn expect(&mut self, want: &str) -> String {
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        assert!(
+            line.trim().starts_with(want),
+            "the agent said {line:?}, not {want:?}"
+        );
+        line.trim().to_string()
+    }
+    fn go(&mut self) {
+        self.child
+            .stdin
+            .as_mut()
+            .unwrap()
+            .write_all(b"go\n")
+            .unwrap();
+    }
+    /// Let it finish; its remaining output.
+    fn finish(mut self) -> String {
+        drop(self.child.stdin.take());
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut self.out, &mut rest).unwrap();
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "the agent failed ({st}): {rest}");
+        rest
+    }
+}
+
+/// `ledger verify`: the chain holds and every recorded file matches its last entry.
+fn assert_verified(tm: &TestMount) {
+    let out = intentfs()
+        .args(["ledger", "verify"])
+        .arg(&tm.ws)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ledger verify: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// Wait until the last `WRITE` of `rel` has the backing file's hash; that entry.
+fn last_write_matching(tm: &TestMount, rel: &str) -> Value {
+    let ok = wait_until(Duration::from_secs(5), || {
+        let want = sha(&tm.ws_bytes(rel));
+        entries(tm, "WRITE", rel)
+            .last()
+            .is_some_and(|e| e["content_hash"] == want.as_str())
+    });
+    assert!(
+        ok,
+        "{rel}: the last WRITE does not have the backing file's hash {}: {:#?}",
+        sha(&tm.ws_bytes(rel)),
+        entries(tm, "WRITE", rel)
+    );
+    entries(tm, "WRITE", rel).pop().unwrap()
+}
+
+/// Denials of `code` made to agent `agent`.
+fn denials(tm: &TestMount, agent: &str, code: &str) -> Vec<Value> {
+    tm.ledger()
+        .into_iter()
+        .filter(|e| e["mutation_type"] == "DENIAL" && e["code"] == code)
+        .filter(|e| e["agent"]["name"] == agent)
+        .collect()
+}
+
+/// The changes on record by agent `agent` (not denials nor its identity).
+fn changes_by(tm: &TestMount, agent: &str) -> Vec<Value> {
+    tm.ledger()
+        .into_iter()
+        .filter(|e| e["agent"]["name"] == agent)
+        .filter(|e| !matches!(e["mutation_type"].as_str(), Some("DENIAL" | "IDENTITY")))
+        .collect()
+}
+
+const ALICE: &[&str] = &["--agent", "alice", "--intent", "ALL"];
+const BOB: &[&str] = &["--agent", "bob", "--intent", "ALL"];
+
+/// `mmap` through ctypes: Python's own `mmap` module keeps a duplicate of the descriptor
+/// (the handle would stay open), a C program's mapping does not.
+const MMAP_PY: &str = r#"
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+def mmap_shared(fd):
+    p = libc.mmap(None, 4096, 3, 1, fd, 0)  # PROT_READ|PROT_WRITE, MAP_SHARED
+    assert p not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+    return p
+def step(said):
+    print(said, flush=True)
+    sys.stdin.readline()
+"#;
+
+/// A shared mapping outlives its descriptor, and with passthrough it holds the backing
+/// file, not the mount's: the handle's release comes at `close` while the agent can still
+/// write through the mapping. Found open (the handle was released: another identity could
+/// open the file and the mapped bytes were never recorded, `ledger verify` blamed a change
+/// outside the mount); now the handle keeps its lease until the mapping goes and its last
+/// content is recorded then.
+#[test]
+fn a_mapping_kept_after_close_keeps_the_lease_and_its_bytes_are_on_record() {
+    let tm = mount(&[("docs/m.md", "one\n")]);
+    let code = format!(
+        "{MMAP_PY}
+fd = os.open('docs/m.md', os.O_RDWR)
+p = mmap_shared(fd)
+ctypes.memmove(p, b'ONE', 3)
+os.close(fd)  # only the mapping holds the file now
+step('closed')
+ctypes.memmove(p, b'TWO', 3)
+libc.munmap(p, 4096)
+print('unmapped', flush=True)
+"
+    );
+    let mut alice = Agent::spawn(py_cmd(&tm, ALICE, "map.py", &code, &[]));
+    alice.expect("closed");
+    // The lease holds while the mapping does.
+    let out = run(
+        &tm,
+        BOB,
+        "echo bob >> docs/m.md; code=$?; cat .intentfs/last_error; exit $code",
+    );
+    assert!(
+        !out.status.success(),
+        "bob opened a mapped file for writing"
+    );
+    let err: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(err["code"], "WRITE_LEASED", "{err:#}");
+    assert!(
+        err["message"].as_str().unwrap().contains("alice"),
+        "{err:#}"
+    );
+    assert_eq!(tm.ws_bytes("docs/m.md"), b"ONE\n");
+    alice.go();
+    alice.expect("unmapped");
+    alice.finish();
+    assert_eq!(tm.ws_bytes("docs/m.md"), b"TWO\n");
+    let last = last_write_matching(&tm, "docs/m.md");
+    assert_eq!(last["agent"]["name"], "alice");
+    assert!(
+        changes_by(&tm, "bob").is_empty(),
+        "{:#?}",
+        changes_by(&tm, "bob")
+    );
+    assert_verified(&tm);
+    // Once the mapping went, the lease did too.
+    assert!(wait_until(Duration::from_secs(5), || run(
+        &tm,
+        BOB,
+        "cat docs/m.md >/dev/null; echo bob >> docs/m.md"
+    )
+    .status
+    .success()));
+    assert_eq!(tm.ws_bytes("docs/m.md"), b"TWO\nbob\n");
+}
+
+/// A write through a page already mapped writable moves neither the size nor the file's
+/// times (no fault, no `file_update_time`): the stamp after it is the one the last entry
+/// hashed under. Found open (the release saw an unchanged stamp and recorded nothing, or
+/// the cache answered the old hash); now a mapped handle's release hashes what it reads.
+#[test]
+fn a_write_through_an_already_mapped_page_is_hashed_not_remembered() {
+    let tm = mount(&[("docs/p.md", "aaaa\n")]);
+    let code = format!(
+        "{MMAP_PY}
+fd = os.open('docs/p.md', os.O_RDWR)
+p = mmap_shared(fd)
+ctypes.memmove(p, b'AAAA', 4)
+os.close(os.dup(fd))  # a close: the daemon records the content now
+ctypes.memmove(p, b'BBBB', 4)  # no fault: the page is mapped writable already
+libc.munmap(p, 4096)
+os.close(fd)
+"
+    );
+    let mut c = py_cmd(&tm, ALICE, "page.py", &code, &[]);
+    c.stdin(Stdio::null());
+    let out = run_timeout(c, Duration::from_secs(60));
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(tm.ws_bytes("docs/p.md"), b"BBBB\n");
+    assert!(
+        entries(&tm, "WRITE", "docs/p.md")
+            .iter()
+            .any(|e| e["content_hash"] == sha(b"AAAA\n").as_str()),
+        "the close after the first mapped write was not recorded: {:#?}",
+        entries(&tm, "WRITE", "docs/p.md")
+    );
+    last_write_matching(&tm, "docs/p.md");
+    assert_verified(&tm);
+}
+
+/// `truncate(2)` by path never opens the file: it is a SETATTR the daemon sees. Found open
+/// (another identity truncated, or extended with zeros, a file alice held for writing; her
+/// entries then took the result for her own); now refused with WRITE_LEASED like an open.
+#[test]
+fn truncating_a_file_another_identity_holds_is_refused() {
+    let tm = mount(&[("docs/t.md", "base\n")]);
+    let holder = hold_open(&tm, ALICE, "docs/t.md", "alice\\n");
+    let mut c = py_cmd(
+        &tm,
+        BOB,
+        "trunc.py",
+        "import os, errno
+os.stat('docs/t.md')
+for size in (0, 4096):
+    try:
+        os.truncate('docs/t.md', size)
+        print('truncated', size)
+    except OSError as e:
+        print('refused', size, errno.errorcode[e.errno])
+",
+        &[],
+    );
+    c.stdin(Stdio::null());
+    let out = run_timeout(c, Duration::from_secs(60));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("refused 0 EACCES"), "{said}");
+    assert!(said.contains("refused 4096 EACCES"), "{said}");
+    assert_eq!(tm.ws_bytes("docs/t.md"), b"base\nalice\n");
+    let d = denials(&tm, "bob", "WRITE_LEASED");
+    assert_eq!(d.len(), 2, "{d:#?}");
+    assert!(d.iter().all(|e| e["path"] == "docs/t.md"), "{d:#?}");
+    release(holder);
+    assert_eq!(tm.ws_bytes("docs/t.md"), b"base\nalice\n");
+    assert!(
+        changes_by(&tm, "bob").is_empty(),
+        "{:#?}",
+        changes_by(&tm, "bob")
+    );
+    last_write_matching(&tm, "docs/t.md");
+    assert_verified(&tm);
+}
+
+/// Other names for a held file: a hard link, a hard link named as a rebase todo list
+/// (whose opens stay daemon-served; found open in the daemon, which skipped the lease for
+/// them: only the kernel's refusal of a non-passthrough open of a passthrough inode, EIO,
+/// stood in the way), the holder's `/proc/PID/fd` entry and an `O_PATH` descriptor
+/// reopened through `/proc/self/fd`. Each is a new open the lease refuses.
+#[test]
+fn other_names_and_reopens_of_a_held_file_are_refused() {
+    let tm = mount(&[("docs/h.md", "base\n")]);
+    let holder = hold_open(&tm, ALICE, "docs/h.md", "alice\\n");
+    let begin = entries(&tm, "WRITE_BEGIN", "docs/h.md");
+    let alice_pid = begin[0]["agent"]["pid"].as_u64().unwrap();
+    let out = run(
+        &tm,
+        BOB,
+        &format!(
+            "ln docs/h.md docs/h2.md && echo linked
+echo bob >> docs/h2.md || echo refused-link
+mkdir -p .git/rebase-merge && ln docs/h.md .git/rebase-merge/git-rebase-todo && echo todo-linked
+echo 'exec touch /tmp/pwned' >> .git/rebase-merge/git-rebase-todo || echo refused-todo
+echo bob >> /proc/{alice_pid}/fd/3 || echo refused-proc
+{py} -c \"import os
+p = os.open('docs/h.md', os.O_PATH)
+try:
+    os.open('/proc/self/fd/%d' % p, os.O_WRONLY | os.O_APPEND); print('reopened')
+except OSError as e:
+    print('refused-opath', e.errno)\"",
+            py = python()
+        ),
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "linked",
+        "refused-link",
+        "todo-linked",
+        "refused-todo",
+        "refused-proc",
+        "refused-opath 13",
+    ] {
+        assert!(said.contains(want), "no {want:?} in {said}");
+    }
+    assert_eq!(tm.ws_bytes("docs/h.md"), b"base\nalice\n");
+    // Each refusal is the lease's, the rebase todo's included.
+    let d = denials(&tm, "bob", "WRITE_LEASED");
+    assert!(
+        d.iter()
+            .any(|e| e["path"] == ".git/rebase-merge/git-rebase-todo"),
+        "the rebase todo's open was not refused by the lease: {d:#?}"
+    );
+    assert!(d.len() >= 4, "{d:#?}");
+    release(holder);
+    assert_eq!(tm.ws_bytes("docs/h.md"), b"base\nalice\n");
+    assert!(
+        changes_by(&tm, "bob")
+            .iter()
+            .all(|e| e["mutation_type"] == "LINK" || e["mutation_type"] == "MKDIR"),
+        "{:#?}",
+        changes_by(&tm, "bob")
+    );
+}
+
+/// Renaming a file over the one another identity holds (what `sed -i` does) is not a write
+/// open: it is allowed as with `--data daemon` (stale-checked on the renamer's view). The
+/// holder's later entry then says its content went with the old file (`detached`), so the
+/// ledger still matches the workspace.
+#[test]
+fn a_rename_over_a_held_file_leaves_the_holders_entry_detached() {
+    let tm = mount(&[("docs/r.md", "base\n")]);
+    let mut alice = Agent::spawn(py_cmd(
+        &tm,
+        ALICE,
+        "hold.py",
+        "import os, sys
+fd = os.open('docs/r.md', os.O_WRONLY | os.O_APPEND)
+os.write(fd, b'alice\\n')
+print('held', flush=True)
+sys.stdin.readline()
+os.write(fd, b'more\\n')
+os.close(fd)
+",
+        &[],
+    ));
+    alice.expect("held");
+    let out = run(
+        &tm,
+        BOB,
+        "cat docs/r.md >/dev/null && sed -i 's/base/BOB/' docs/r.md",
+    );
+    assert!(out.status.success(), "{out:?}");
+    alice.go();
+    alice.finish();
+    // Alice's last bytes went to the file that lost its name.
+    assert_eq!(tm.ws_bytes("docs/r.md"), b"BOB\nalice\n");
+    // Whatever alice's handle records after the rename is not taken for docs/r.md's content.
+    let ledger = tm.ledger();
+    let rename = ledger
+        .iter()
+        .position(|e| e["mutation_type"] == "RENAME" && e["path"] == "docs/r.md")
+        .expect("no RENAME on record");
+    for e in &ledger[rename..] {
+        if e["mutation_type"] == "WRITE" && e["agent"]["name"] == "alice" {
+            assert_eq!(e["detail"]["detached"], true, "{e:#}");
+        }
+    }
+    assert!(
+        ledger[rename..]
+            .iter()
+            .any(|e| e["mutation_type"] == "WRITE" && e["agent"]["name"] == "alice"),
+        "alice's write after the rename is not on record: {:#?}",
+        &ledger[rename..]
+    );
+    assert_verified(&tm);
+}
+
+/// The data calls the kernel still sends the daemon through a passthrough handle
+/// (fallocate, copy_file_range, SETATTR for ftruncate) and those it does not (sendfile and
+/// splice into the file, pwrite) all end on record with the file's hash; none of them
+/// reaches a file outside the scope, which is refused at open and at truncate.
+#[test]
+fn data_calls_through_a_passthrough_handle_are_on_record_and_stay_in_scope() {
+    let src: String = (0..4096)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let tm = mount(&[("docs/src.txt", &src), ("src/lib.rs", "fn a() {}\n")]);
+    let code = "import os
+src = os.open('docs/src.txt', os.O_RDONLY)
+fd = os.open('docs/d.bin', os.O_RDWR | os.O_CREAT, 0o644)
+os.posix_fallocate(fd, 0, 65536)
+os.ftruncate(fd, 1000)
+os.copy_file_range(src, fd, 100, 0, 0)
+os.sendfile(fd, src, 0, 50)
+r, w = os.pipe()
+os.write(w, b'spliced')
+os.splice(r, fd, 7)
+os.pwrite(fd, b'pwrite', 500)
+os.close(fd)
+for how in ('open', 'truncate'):
+    try:
+        if how == 'open':
+            os.open('src/lib.rs', os.O_WRONLY)
+        else:
+            os.truncate('src/lib.rs', 0)
+        print('allowed', how)
+    except OSError as e:
+        print('refused', how, e.errno)
+";
+    let mut c = py_cmd(
+        &tm,
+        &["--agent", "dana", "--intent", "DOCS"],
+        "calls.py",
+        code,
+        &[],
+    );
+    c.stdin(Stdio::null());
+    let out = run_timeout(c, Duration::from_secs(60));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(said.contains("refused open 13"), "{said}");
+    assert!(said.contains("refused truncate 13"), "{said}");
+    assert_eq!(tm.ws_bytes("src/lib.rs"), b"fn a() {}\n");
+    let d = tm.ws_bytes("docs/d.bin");
+    assert_eq!(d.len(), 1000);
+    assert_eq!(&d[..50], &src.as_bytes()[..50]);
+    assert_eq!(&d[50..57], b"spliced");
+    assert_eq!(&d[57..100], &src.as_bytes()[57..100]);
+    assert_eq!(&d[500..506], b"pwrite");
+    let last = last_write_matching(&tm, "docs/d.bin");
+    assert_eq!(last["agent"]["name"], "dana");
+    assert_verified(&tm);
+}
+
+/// A writer killed in the middle (SIGKILL: no close of its own) still releases its handle
+/// through the kernel: its bytes are on record with their hash.
+#[test]
+fn a_writer_killed_mid_write_is_on_record() {
+    let tm = mount(&[("docs/k.bin", "")]);
+    let code = "import os, signal
+fd = os.open('docs/k.bin', os.O_WRONLY)
+os.write(fd, bytes(range(256)) * 4096)
+os.kill(os.getpid(), signal.SIGKILL)
+";
+    let mut c = py_cmd(&tm, ALICE, "killed.py", code, &[]);
+    c.stdin(Stdio::null());
+    let out = run_timeout(c, Duration::from_secs(60));
+    assert!(!out.status.success());
+    assert_eq!(tm.ws_bytes("docs/k.bin").len(), 1 << 20);
+    let last = last_write_matching(&tm, "docs/k.bin");
+    assert_eq!(last["agent"]["name"], "alice");
+    assert_verified(&tm);
+}
+
+/// A child keeps the descriptor its parent opened and writes after the parent exited:
+/// the handle's own write (it descends from the opener, then belongs to its identity),
+/// not an outsider's, and its bytes are in the entry at the child's close.
+#[test]
+fn a_child_writing_after_its_parent_exited_is_the_handles_own() {
+    let tm = mount(&[("docs/c.md", "base\n")]);
+    let out = run(
+        &tm,
+        ALICE,
+        "exec 3>>docs/c.md; echo parent >&3; (sleep 1; echo child >&3) & exit 0",
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(wait_until(Duration::from_secs(10), || tm
+        .ws_bytes("docs/c.md")
+        == b"base\nparent\nchild\n"));
+    let last = last_write_matching(&tm, "docs/c.md");
+    assert_eq!(last["agent"]["name"], "alice");
+    let w = entries(&tm, "WRITE", "docs/c.md");
+    assert!(
+        w.iter().all(|e| e["detail"]["outside_writers"].is_null()),
+        "the child's write was taken for an outsider's: {w:#?}"
+    );
+    assert_verified(&tm);
+}
+
+/// Alice hands her descriptor to bob over a Unix socket (SCM_RIGHTS) and bob writes
+/// through it: the kernel writes it (the open was alice's), but the write is not put on
+/// alice's account alone: her entry names bob's process as a writer outside her identity
+/// (closing a duplicate first, as a process of the handle would, does not make him one).
+#[test]
+fn a_descriptor_passed_to_another_identity_names_the_other_writer() {
+    let tm = mount(&[("docs/f.md", "base\n")]);
+    let sock = tm.ws.parent().unwrap().join("pass.sock");
+    let sock_s = sock.to_str().unwrap();
+    let mut alice = Agent::spawn(py_cmd(
+        &tm,
+        ALICE,
+        "give.py",
+        "import os, socket, sys
+fd = os.open('docs/f.md', os.O_WRONLY | os.O_APPEND)
+os.write(fd, b'alice\\n')
+srv = socket.socket(socket.AF_UNIX)
+srv.bind(sys.argv[1])
+srv.listen(1)
+print('listening', flush=True)
+c, _ = srv.accept()
+socket.send_fds(c, [b'x'], [fd])
+c.recv(1)
+print('bob wrote', flush=True)
+sys.stdin.readline()
+os.close(fd)
+",
+        &[sock_s],
+    ));
+    alice.expect("listening");
+    let mut bob = Agent::spawn(py_cmd(
+        &tm,
+        BOB,
+        "take.py",
+        "import os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+_, fds, _, _ = socket.recv_fds(s, 1, 1)
+os.close(os.dup(fds[0]))  # a close of the handle by bob first
+os.write(fds[0], b'bob\\n')
+s.send(b'k')
+print('pid', os.getpid(), flush=True)
+sys.stdin.readline()
+",
+        &[sock_s],
+    ));
+    let bob_pid: u64 = bob.expect("pid")[4..].parse().unwrap();
+    alice.expect("bob wrote");
+    // Give the watcher its batch, then alice closes while bob still lives.
+    std::thread::sleep(Duration::from_millis(300));
+    alice.go();
+    alice.finish();
+    bob.finish();
+    assert_eq!(tm.ws_bytes("docs/f.md"), b"base\nalice\nbob\n");
+    let last = last_write_matching(&tm, "docs/f.md");
+    assert_eq!(last["agent"]["name"], "alice");
+    let outside = last["detail"]["outside_writers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        outside.iter().any(|o| o["pid"] == bob_pid),
+        "bob's write through alice's descriptor is not named: {last:#}"
+    );
+    assert_eq!(last["detail"]["superseded"], true, "{last:#}");
+    // (`ledger verify` may name docs/f.md as changed outside the mount: the superseded
+    // entry does not vouch for bob's bytes, which is the point.)
+}
+
+/// Accepted limit (docs/passthrough.md): a handle opened before a policy reload that
+/// narrows the scope keeps the decision taken at its open and goes on writing; its bytes
+/// are on record with their hash and the intent it was opened under, and new opens follow
+/// the new policy.
+#[test]
+fn accepted_limit_a_handle_open_before_a_narrowing_reload_keeps_writing_on_record() {
+    let tm = mount(&[("docs/x.md", "base\n")]);
+    let mut alice = Agent::spawn(py_cmd(
+        &tm,
+        ALICE,
+        "hold.py",
+        "import os, sys
+fd = os.open('docs/x.md', os.O_WRONLY | os.O_APPEND)
+os.write(fd, b'one\\n')
+print('held', flush=True)
+sys.stdin.readline()
+os.write(fd, b'two\\n')
+os.close(fd)
+",
+        &[],
+    ));
+    alice.expect("held");
+    // The human narrows ALL to src/ (directly in the workspace).
+    let narrowed = TWO.replacen(r#"owned_scope: ["**"]"#, r#"owned_scope: ["src/**"]"#, 1);
+    assert_ne!(narrowed, TWO);
+    std::fs::write(tm.w(common::POLICY_REL), narrowed).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || !run(
+            &tm,
+            ALICE,
+            "echo new > docs/new.md"
+        )
+        .status
+        .success()),
+        "the reload did not narrow ALL"
+    );
+    alice.go();
+    alice.finish();
+    // The limit: the write after the reload landed...
+    assert_eq!(tm.ws_bytes("docs/x.md"), b"base\none\ntwo\n");
+    // ...and it is on record, under the intent the handle was opened with.
+    let last = last_write_matching(&tm, "docs/x.md");
+    assert_eq!(last["agent"]["name"], "alice");
+    assert_eq!(last["intent_id"], "ALL");
+    assert_verified(&tm);
+}
+
+/// Accepted limit (docs/passthrough.md): a tripped breaker refuses new opens, but a handle
+/// opened before the trip writes until it closes; its bytes are on record.
+#[test]
+fn accepted_limit_a_handle_open_before_the_breaker_trips_keeps_writing_on_record() {
+    let tm = TestMount::builder()
+        .policy(TWO)
+        .intent("ALL")
+        .arg("--data")
+        .arg("passthrough")
+        .arg("--breaker")
+        .arg("3")
+        .files(&[("docs/y.md", "base\n"), ("src/a.rs", "a\n")])
+        .mount();
+    let docs = &["--agent", "carol", "--intent", "DOCS"];
+    let mut carol = Agent::spawn(py_cmd(
+        &tm,
+        docs,
+        "hold.py",
+        "import os, sys
+fd = os.open('docs/y.md', os.O_WRONLY | os.O_APPEND)
+os.write(fd, b'one\\n')
+print('held', flush=True)
+sys.stdin.readline()
+os.write(fd, b'two\\n')
+os.close(fd)
+",
+        &[],
+    ));
+    carol.expect("held");
+    let out = run(
+        &tm,
+        docs,
+        "for i in 1 2 3 4 5; do echo x > src/a.rs; done; echo y > docs/z.md; cat .intentfs/last_error",
+    );
+    let err: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(err["code"], "CIRCUIT_OPEN", "{err:#}");
+    assert!(!tm.w("docs/z.md").exists());
+    carol.go();
+    carol.finish();
+    assert_eq!(tm.ws_bytes("docs/y.md"), b"base\none\ntwo\n");
+    assert_eq!(tm.ws_bytes("src/a.rs"), b"a\n");
+    let last = last_write_matching(&tm, "docs/y.md");
+    assert_eq!(last["agent"]["name"], "carol");
+    assert_verified(&tm);
+}
+
+/// The intent switch is refused while the identity holds write handles (WRITES_OPEN): the
+/// check must not race a write open of the same identity in flight (authorized under the
+/// old intent, its handle not yet counted). Found open (a switch landed between a handle's
+/// WRITE_BEGIN and the WRITE of its bytes); write opens and switches now exclude each other.
+/// Hammered from two threads of one identity: no switch may land between a handle's
+/// WRITE_BEGIN and the WRITE at its close.
+#[test]
+fn an_intent_switch_never_lands_while_a_write_handle_is_open() {
+    let tm = mount(&[("docs/r.md", "")]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let path = tm.m("docs/r.md");
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            for _ in 0..400 {
+                if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(&path) {
+                    let _ = f.write_all(b"x\n");
+                }
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        })
+    };
+    let mut switched = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        for to in ["DOCS\n", "ALL\n"] {
+            if std::fs::write(tm.m(".intentfs/intent"), to).is_ok() {
+                switched += 1;
+            }
+        }
+    }
+    writer.join().unwrap();
+    let ledger = tm.ledger();
+    let mut open: std::collections::HashMap<String, usize> = Default::default();
+    let mut last_write: std::collections::HashMap<String, usize> = Default::default();
+    for (i, e) in ledger.iter().enumerate() {
+        let token = e["detail"]["handle"].as_str().unwrap_or("").to_string();
+        match e["mutation_type"].as_str() {
+            Some("WRITE_BEGIN") => {
+                open.insert(token, i);
+            }
+            Some("WRITE") => {
+                // The first after its begin: the close after its write (a switch after it
+                // is one after the last write through the handle).
+                last_write.entry(token).or_insert(i);
+            }
+            _ => {}
+        }
+    }
+    let switches: Vec<usize> = ledger
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e["mutation_type"] == "INTENT")
+        .map(|(i, _)| i)
+        .collect();
+    assert!(switches.len() >= 2, "no switch landed ({switched})");
+    for (token, begin) in &open {
+        let Some(end) = last_write.get(token) else {
+            continue;
+        };
+        if let Some(s) = switches.iter().find(|s| *s > begin && *s < end) {
+            panic!(
+                "a switch landed while handle {token} was open for writing: {:#?}",
+                &ledger[*begin..=*end.max(s)]
+            );
+        }
+    }
+}
+
+// ----- the same, as an agent under another uid (`intentfs run --user`) ----------------
+
+/// A layout whose backing directory the agent's uid cannot reach, the files its own (only
+/// governance stops it), mounted with `--data passthrough`; None (skipped) without root.
+fn uid_layout(files: &[(&str, &str)]) -> Option<(common::deploy::Layout, common::deploy::Mount)> {
+    use common::deploy::*;
+    if skip_unless(is_root() && have("setpriv"), "needs root (another uid)") {
+        return None;
+    }
+    let l = Layout::with(TWO, files);
+    chown_r(&l.ws, AGENT_UID);
+    let m = l.mount_env(
+        &[
+            "--allow-other",
+            "--approver",
+            "deny",
+            "--data",
+            "passthrough",
+        ],
+        &[],
+    );
+    Some((l, m))
+}
+
+fn uid_verify(l: &common::deploy::Layout) -> (bool, String) {
+    let out = intentfs()
+        .args(["ledger", "verify"])
+        .arg(&l.ws)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// The agent `evil` (uid 1000, intent DOCS) tries the files outside its scope through the
+/// calls that never open them for writing through the mount, and the mapping that outlives
+/// its descriptor; another agent of the same uid cannot open the mapped file meanwhile, and
+/// every byte that landed is on record.
+#[test]
+fn an_agent_under_another_uid_gets_past_neither_the_scope_the_lease_nor_the_record() {
+    use common::deploy::*;
+    let Some((l, _m)) = uid_layout(&[("docs/a.md", "one\n"), ("src/lib.rs", "fn a() {}\n")]) else {
+        return;
+    };
+    let meet = l.meeting_dir();
+    let script = meet.join("evil.py");
+    std::fs::write(
+        &script,
+        format!(
+            "{MMAP_PY}
+import errno, time
+meet = sys.argv[1]
+for how in ('open', 'truncate', 'link'):
+    try:
+        if how == 'open':
+            os.open('src/lib.rs', os.O_WRONLY | os.O_APPEND)
+        elif how == 'truncate':
+            os.truncate('src/lib.rs', 0)
+        else:
+            os.link('src/lib.rs', 'docs/lib.rs')
+        print(how + '=allowed', flush=True)
+    except OSError as e:
+        print(how + '=' + errno.errorcode[e.errno], flush=True)
+fd = os.open('docs/a.md', os.O_RDWR)
+p = mmap_shared(fd)
+ctypes.memmove(p, b'ONE', 3)
+os.close(fd)
+open(meet + '/closed', 'w').close()
+while not os.path.exists(meet + '/go'):
+    time.sleep(0.05)
+ctypes.memmove(p, b'TWO', 3)
+libc.munmap(p, 4096)
+print('done=yes', flush=True)
+"
+        ),
+    )
+    .unwrap();
+    chmod(&script, 0o644);
+    let evil = agent_cmd(
+        &l,
+        &["--intent", "DOCS", "--agent", "evil"],
+        &format!(
+            "exec /usr/bin/python3 {} {}",
+            script.display(),
+            meet.display()
+        ),
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(20), || meet.join("closed").exists()),
+        "the agent did not get to its mapping"
+    );
+    let other = run_agent(
+        &l,
+        &["--intent", "ALL", "--agent", "other"],
+        "echo other >> docs/a.md; code=$?; cat .intentfs/last_error; exit $code",
+    );
+    assert!(
+        !other.status.success(),
+        "the mapped file was opened: {other:?}"
+    );
+    let err: Value = serde_json::from_slice(&other.stdout).unwrap();
+    assert_eq!(err["code"], "WRITE_LEASED", "{err:#}");
+    std::fs::write(meet.join("go"), "").unwrap();
+    let out = evil.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in ["open=EACCES", "truncate=EACCES", "link=EACCES", "done=yes"] {
+        assert!(said.contains(want), "no {want} in {said}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(l.ws.join("src/lib.rs")).unwrap(),
+        "fn a() {}\n"
+    );
+    assert!(!l.ws.join("docs/lib.rs").exists());
+    assert_eq!(
+        std::fs::read_to_string(l.ws.join("docs/a.md")).unwrap(),
+        "TWO\n"
+    );
+    let want = sha(b"TWO\n");
+    let last = l.wait_ledger("evil's last WRITE", |e| {
+        e["mutation_type"] == "WRITE"
+            && e["path"] == "docs/a.md"
+            && e["content_hash"] == want.as_str()
+    });
+    assert_eq!(last["agent"]["name"], "evil");
+    assert_eq!(last["agent"]["uid"], AGENT_UID);
+    assert!(
+        !l.ledger()
+            .iter()
+            .any(|e| e["agent"]["name"] == "other" && e["mutation_type"] == "WRITE"),
+        "the other agent wrote"
+    );
+    let (ok, said) = uid_verify(&l);
+    assert!(ok, "{said}");
+}
+
+/// With passthrough the kernel keeps writing through an open descriptor after the daemon
+/// is gone (with `--data daemon` such a write fails, ENOTCONN): what the agent writes then
+/// is not hidden, the ledger's `WRITE_BEGIN` (taken at open, before the first byte) makes
+/// `ledger verify` name the file as unfinished and the agent who began writing it, not as a
+/// change from outside.
+#[test]
+fn writes_after_the_daemon_was_killed_are_named_unfinished_with_their_writer() {
+    use common::deploy::*;
+    let Some((l, _m)) = uid_layout(&[("docs/k.md", "k\n")]) else {
+        return;
+    };
+    let meet = l.meeting_dir();
+    let script = meet.join("outlive.py");
+    std::fs::write(
+        &script,
+        "import os, sys, time
+meet = sys.argv[1]
+fd = os.open('docs/k.md', os.O_WRONLY | os.O_APPEND)
+os.write(fd, b'before\\n')
+open(meet + '/written', 'w').close()
+while not os.path.exists(meet + '/dead'):
+    time.sleep(0.05)
+try:
+    os.write(fd, b'after\\n')
+    print('after=landed', flush=True)
+except OSError as e:
+    print('after=' + str(e.errno), flush=True)
+try:
+    os.close(fd)
+except OSError:
+    pass
+",
+    )
+    .unwrap();
+    chmod(&script, 0o644);
+    let agent = agent_cmd(
+        &l,
+        &["--intent", "DOCS", "--agent", "outliver"],
+        &format!(
+            "exec /usr/bin/python3 {} {}",
+            script.display(),
+            meet.display()
+        ),
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    assert!(wait_until(Duration::from_secs(20), || meet
+        .join("written")
+        .exists()));
+    let key = l
+        .mnt
+        .to_string_lossy()
+        .trim_start_matches('/')
+        .replace(['/', ' '], "_");
+    let pid: i32 =
+        std::fs::read_to_string(std::path::Path::new("/run/intentfs").join(key).join("pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+    // SAFETY: kill has no memory preconditions.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert!(wait_until(Duration::from_secs(5), || unsafe {
+        // SAFETY: as above; signal 0 only asks whether the process is there.
+        libc::kill(pid, 0) != 0
+    }));
+    std::fs::write(meet.join("dead"), "").unwrap();
+    let out = agent.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    let _ = Command::new("umount").arg("-l").arg(&l.mnt).status();
+    // The kernel wrote it without the daemon.
+    assert!(said.contains("after=landed"), "{said}");
+    assert_eq!(
+        std::fs::read_to_string(l.ws.join("docs/k.md")).unwrap(),
+        "k\nbefore\nafter\n"
+    );
+    let (ok, v) = uid_verify(&l);
+    assert!(!ok, "{v}");
+    assert!(v.contains("unfinished docs/k.md"), "{v}");
+    assert!(v.contains("outliver"), "{v}");
+    assert!(!v.contains("modified  docs/k.md"), "{v}");
+}
+
+/// The mapping handed down: the opener maps the file, forks, closes and exits; its child,
+/// reparented (no longer anyone's descendant the daemon knows of), writes through the
+/// inherited mapping. The handle keeps its lease until that child's mapping goes too, and
+/// the child's bytes are on record.
+#[test]
+fn a_mapping_inherited_by_an_orphaned_child_keeps_the_lease() {
+    let tm = mount(&[("docs/o.md", "one\n")]);
+    let code = format!(
+        "{MMAP_PY}
+import time
+parent = os.getpid()
+fd = os.open('docs/o.md', os.O_RDWR)
+p = mmap_shared(fd)
+if os.fork() == 0:
+    # The child keeps only the mapping; once the parent is gone, it writes through it.
+    os.close(fd)
+    while os.getppid() == parent:
+        time.sleep(0.02)
+    print('orphaned', flush=True)
+    sys.stdin.readline()
+    ctypes.memmove(p, b'KID', 3)
+    libc.munmap(p, 4096)
+    print('unmapped', flush=True)
+    os._exit(0)
+os.close(fd)
+os._exit(0)
+"
+    );
+    let mut kid = Agent::spawn(py_cmd(&tm, ALICE, "orphan.py", &code, &[]));
+    kid.expect("orphaned");
+    let out = run(
+        &tm,
+        BOB,
+        "echo bob >> docs/o.md; code=$?; cat .intentfs/last_error; exit $code",
+    );
+    assert!(
+        !out.status.success(),
+        "bob opened a file an orphan still maps"
+    );
+    let err: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(err["code"], "WRITE_LEASED", "{err:#}");
+    kid.go();
+    kid.expect("unmapped");
+    drop(kid.child.stdin.take());
+    let _ = kid.child.wait();
+    assert_eq!(tm.ws_bytes("docs/o.md"), b"KID\n");
+    let last = last_write_matching(&tm, "docs/o.md");
+    assert_eq!(last["agent"]["name"], "alice");
+    assert_verified(&tm);
+}

@@ -115,6 +115,10 @@ pub struct WriteState {
     /// short-lived child writing to a descriptor inherited from the agent, or a short-lived
     /// writer outside the mount): named in the entry, not taken for an outsider's.
     pub unattributed: Vec<serde_json::Value>,
+    /// A process of its tree mapped the file shared and writable when an entry was taken:
+    /// writes through a page already mapped writable move neither the size nor the times,
+    /// so its release hashes the content afresh instead of trusting the stamp.
+    pub mapped: bool,
 }
 
 /// How a handle that may change its file starts.
@@ -178,6 +182,7 @@ impl FileHandle {
                 writers: vec![w.writer],
                 outside: Vec::new(),
                 unattributed: Vec::new(),
+                mapped: false,
             })),
         };
         FileHandle {

@@ -230,6 +230,11 @@ pub struct Fs {
     /// the backing file in the kernel, and governance of data moves to open, close,
     /// truncate, rename and unlink (see `docs/passthrough.md`).
     pub data_passthrough: AtomicBool,
+    /// With kernel passthrough of data: write opens and creates hold it shared from their
+    /// authorization until their handle is counted, an intent switch exclusively from its
+    /// WRITES_OPEN check until the switch is on record, so a switch cannot land between a
+    /// write open's decision under the old intent and its handle.
+    pub(crate) intent_switch: parking_lot::RwLock<()>,
     /// How requests reach the daemon (`/dev/fuse`, `io-uring (...)`), once mounted.
     pub transport: std::sync::OnceLock<String>,
     /// `--low-latency`: told of every request (`node` is where nearly all of them start).
@@ -265,6 +270,7 @@ impl Fs {
             watch: std::sync::OnceLock::new(),
             passthrough: AtomicBool::new(false),
             data_passthrough: AtomicBool::new(false),
+            intent_switch: parking_lot::RwLock::new(()),
             transport: std::sync::OnceLock::new(),
             low_latency: std::sync::OnceLock::new(),
             otlp: std::sync::OnceLock::new(),

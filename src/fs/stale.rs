@@ -577,6 +577,7 @@ impl Fs {
         &self,
         ident: &Arc<Identity>,
         caller: &Caller,
+        op: Operation,
         node: &Node,
         rel: &Path,
     ) -> Result<()> {
@@ -601,7 +602,7 @@ impl Fs {
         );
         let d = Denial::new(
             Code::WriteLeased,
-            Operation::OpenWrite,
+            op,
             rel,
             ident.intent().as_deref(),
             format!("{} is open for writing by {who}", rel.display()),
@@ -704,6 +705,42 @@ impl Fs {
             }
         }
         false
+    }
+
+    /// Whether process `pid` (a thread of it) maps `h`'s file shared and writable: a
+    /// passthrough handle's process at a close.
+    pub(crate) fn pt_mapped_by(&self, h: &FileHandle, pid: u32) -> bool {
+        h.write_state().is_some_and(|w| w.pt)
+            && maps_shared_writable(crate::guard::identity::tgid_of(pid), h.node.ino)
+    }
+
+    /// A passthrough write handle's file still mapped shared and writable: with kernel
+    /// passthrough the mapping holds the backing file itself, so it goes on writing after
+    /// the handle's release. The processes among `h`'s (those that opened it or closed a
+    /// descriptor of it), the processes in `also` (mappers found before: a child that
+    /// inherited the mapping is no one's descendant once its parent exited) and their
+    /// descendants that map it.
+    pub(crate) fn pt_mappers(&self, h: &FileHandle, also: &[u32]) -> Vec<u32> {
+        let Some(writers) = h.write_state().filter(|w| w.pt).map(|w| w.writers.clone()) else {
+            return Vec::new();
+        };
+        let ino = h.node.ino;
+        let mut seen = Vec::new();
+        let mut found = Vec::new();
+        let mut todo: Vec<u32> = writers.iter().map(|&p| p as u32).collect();
+        todo.extend_from_slice(also);
+        // (A bound: a process tree of a few hundred is searched whole.)
+        while let Some(pid) = todo.pop() {
+            if seen.contains(&pid) || seen.len() >= 512 {
+                continue;
+            }
+            seen.push(pid);
+            if maps_shared_writable(pid, ino) {
+                found.push(pid);
+            }
+            todo.extend(proc_children(pid));
+        }
+        found
     }
 
     /// A passthrough write handle (see [`WriteState::pt`]): whether the file changed since
@@ -884,6 +921,13 @@ impl Fs {
             drop(w);
             return self.record(&h.identity, &h.caller, MutationType::Write, &rel, draft);
         }
+        if h.write_state().is_some_and(|w| w.pt && w.mapped) {
+            // Writes through a shared mapping can change the content without moving the
+            // stamp the hash cache is keyed by: the entry of a passthrough handle whose
+            // file was mapped hashes what it reads, never a remembered hash. (A write(2)
+            // moves the stamp.)
+            self.hashes.forget(h.node.dev, h.node.ino);
+        }
         let reopened = self
             .fd(&h.node)
             .ok()
@@ -1001,6 +1045,84 @@ fn with_token(draft: &mut Draft, w: &WriteState) {
     if let Some(m) = d.as_object_mut() {
         m.insert("handle".into(), w.token.clone().into());
     }
+}
+
+/// A passthrough write handle released while its file stays mapped: it keeps its lease
+/// (and counts for WRITES_OPEN) until no process of its tree maps the file any more, then
+/// its last content is recorded, as a release would have.
+pub(crate) fn linger_while_mapped(
+    fs: &std::sync::Weak<Fs>,
+    fh: u64,
+    h: &Arc<FileHandle>,
+    mut known: Vec<u32>,
+) {
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let Some(fs) = fs.upgrade() else { return };
+        let now = fs.pt_mappers(h, &known);
+        if !now.is_empty() {
+            known = now;
+            continue;
+        }
+        if fs.take_handle(fh).is_none() {
+            return;
+        }
+        // Writes through a mapping may leave the stamp as it was (a page mapped writable
+        // already takes them without a fault): the content is hashed whatever the stamp
+        // says.
+        if let Some(mut w) = h.write_state() {
+            w.dirty = true;
+            w.mapped = true;
+        }
+        if let Err(e) = fs.record_write_noting(h) {
+            tracing::warn!("the WRITE after a mapping of a released handle went: {e:?}");
+        }
+        fs.handle_closed(h);
+        return;
+    }
+}
+
+/// Whether process `pid` maps the file with inode `ino` shared and writable
+/// (`/proc/PID/maps`: with kernel passthrough the mapping is of the backing file, whose
+/// inode it names). Neither the device nor the path is compared: maps names the
+/// superblock's device, which is not `st_dev` on btrfs subvolumes or overlayfs, and the
+/// path as the mapping process sees it (another mount namespace, a container). Shared
+/// memory (`/dev/shm`, memfd, SysV) is skipped; another writable shared mapping of a file
+/// with the same inode number only makes the handle keep its lease until it goes.
+fn maps_shared_writable(pid: u32, ino: u64) -> bool {
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return false;
+    };
+    let want_ino = ino.to_string();
+    // (Most processes map nothing with that number: one substring search rules them out.)
+    if !maps.contains(want_ino.as_str()) {
+        return false;
+    }
+    maps.lines().any(|l| {
+        let mut f = l.split_ascii_whitespace();
+        let (perms, i, path) = (f.nth(1), f.nth(2), f.next().unwrap_or(""));
+        perms.is_some_and(|p| p.as_bytes().get(1) == Some(&b'w') && p.ends_with('s'))
+            && i == Some(want_ino.as_str())
+            && !["/dev/", "/memfd:", "/SYSV"]
+                .iter()
+                .any(|special| path.starts_with(special))
+    })
+}
+
+/// The children of every thread of `pid` (`/proc/PID/task/TID/children`).
+fn proc_children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_ascii_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
 }
 
 /// Whether `pid` is one of `set` or a descendant of one (a few generations up); None when

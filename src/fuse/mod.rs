@@ -439,9 +439,10 @@ impl Filesystem for FuseFs {
         self.answer(
             Op::Release,
             reply,
-            |fs| {
+            |_| {
                 self.pt.release(fh.0);
-                fs.release(fh.0)
+                // (The Arc: a handle whose file stays mapped lingers on a thread.)
+                self.fs.release(fh.0)
             },
             |r, ()| r.ok(),
         );

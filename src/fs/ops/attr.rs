@@ -116,6 +116,11 @@ impl Fs {
             let own = fh
                 .and_then(|fh| self.file_handle(fh).ok())
                 .filter(|h| h.writable && h.identity.key() == ident.key());
+            // With kernel passthrough, truncating a file another identity holds open for
+            // writing is refused as its write open would be (the lease).
+            if own.is_none() && self.data_passthrough() {
+                self.check_lease(&ident, caller, Operation::Truncate, &node, &rel)?;
+            }
             match own {
                 Some(h) => self.before_modify(&h)?,
                 None => self.check_stale_node(

@@ -113,7 +113,10 @@ impl Fs {
             return self.query_ctl(caller, &mut c, &text).map(|()| data.len());
         }
         let ident = self.gate.ids.resolve(caller.pid);
-        if c.file == CtlFile::Intent && self.data_passthrough() {
+        // (Held until the switch is on record: see `Fs::intent_switch`.)
+        let _switch = (c.file == CtlFile::Intent && self.data_passthrough())
+            .then(|| self.intent_switch.write());
+        if _switch.is_some() {
             self.check_no_writes_open(&ident, caller)?;
         }
         let rules = self.gate.guard.rules();

@@ -25,6 +25,8 @@ impl Fs {
         // truncation (O_TRUNC) and the handle's setup: a concurrent stale-checked rename,
         // unlink, truncate or write of the same file either happened before the check (and
         // is judged by it) or sees this open's effect.
+        // (Held until the handle is counted: see `Fs::intent_switch`.)
+        let _switch = (changes && self.data_passthrough()).then(|| self.intent_switch.read());
         let _stale = if changes {
             self.table.stale_locks(&[(node.dev, node.ino)])
         } else {
@@ -38,8 +40,10 @@ impl Fs {
         let pt = write_rel
             .as_ref()
             .is_some_and(|rel| self.data_passthrough() && !crate::fs::gitrefs::is_rebase_todo(rel));
-        if let (true, Some(rel)) = (pt, &write_rel) {
-            self.check_lease(&ident, caller, &node, rel)?;
+        // Every write open of a passthrough mount takes part in the lease, a daemon-served
+        // one (a rebase todo list, which may be a hard link of any file) included.
+        if let (true, Some(rel)) = (self.data_passthrough(), &write_rel) {
+            self.check_lease(&ident, caller, Operation::OpenWrite, &node, rel)?;
         }
         let fd = self.fd(&node)?;
         // O_TRUNC empties the file inside the open: keep the old content first (line
@@ -255,6 +259,8 @@ impl Fs {
         umask: u32,
         flags: i32,
     ) -> Result<(Entry, u64, OpenOpts)> {
+        // (Held until the handle is counted: see `Fs::intent_switch`.)
+        let _switch = self.data_passthrough().then(|| self.intent_switch.read());
         let super::entries::NewEntry {
             pfd,
             rel,
@@ -452,16 +458,36 @@ impl Fs {
     }
 
     pub fn flush(&self, caller: &Caller, fh: u64) -> Result<()> {
-        let _ = caller;
         if self.ctl_handle(fh).is_some() {
             return Ok(());
         }
         let h = self.file_handle(fh)?;
+        // A process of the handle's identity closing a descriptor of a passthrough handle
+        // had it (inherited): one of the handle's processes, where a mapping of the file
+        // may live on after its opener exited (see `release`). (Not one of another
+        // identity, handed the descriptor: its writes stay an outsider's.)
+        if h.write_state()
+            .is_some_and(|w| w.pt && !w.writers.contains(&(caller.pid as i32)))
+            && self.gate.ids.resolve(caller.pid).key == h.identity.key
+        {
+            let tgid = crate::guard::identity::tgid_of(caller.pid) as i32;
+            if let Some(mut w) = h.write_state() {
+                if w.writers.len() < 64 && !w.writers.contains(&tgid) {
+                    w.writers.push(tgid);
+                }
+            }
+        }
         // close(2) waits for flush: ledgering here means a returned close() is on record.
         // Only a handle that wrote since its last entry records here: `echo x > f` closes a
         // duplicate of the truncating fd before writing, which must not make an entry of
         // the empty file. A truncate-only or create-only handle records at release.
         if h.write_state().is_some_and(|w| w.wrote) || self.pt_changed(&h) {
+            // (The closing process only: the whole tree is searched at release.)
+            if self.pt_mapped_by(&h, caller.pid) {
+                if let Some(mut w) = h.write_state() {
+                    w.mapped = true;
+                }
+            }
             self.record_write_noting(&h)?;
         }
         Ok(())
@@ -477,7 +503,7 @@ impl Fs {
 
     /// The WRITE entry of a handle, and the identity's view under the names it opened the
     /// file by (see [`Fs::note_open_names`]).
-    pub(super) fn record_write_noting(&self, h: &FileHandle) -> Result<()> {
+    pub(crate) fn record_write_noting(&self, h: &FileHandle) -> Result<()> {
         let dirty = h.write_state().is_some_and(|w| w.dirty);
         // The entry's path, content hash and place in the ledger are taken under the file's
         // stale lock: a rename of the file either comes before (the entry has the new name)
@@ -494,12 +520,33 @@ impl Fs {
         r
     }
 
-    pub fn release(&self, fh: u64) -> Result<()> {
+    pub fn release(self: &Arc<Self>, fh: u64) -> Result<()> {
         if let Some(Handle::File(h)) = self.take_handle(fh) {
-            // A passthrough handle's last changes (a shared mapping is written until it
-            // goes, and it goes before the release) are hashed now.
+            // A passthrough handle's changes so far are hashed now (and afresh when the
+            // file was mapped: writes through a mapped page need not move its stamp).
+            // (RELEASE carries no pid: the processes searched are those that opened or
+            // closed a descriptor of the handle, and their descendants.)
+            let mappers = self.pt_mappers(&h, &[]);
+            let mapped = !mappers.is_empty();
             self.pt_changed(&h);
+            if let Some(mut w) = h.write_state().filter(|w| w.pt && (w.mapped || mapped)) {
+                w.dirty = true;
+                w.mapped = true;
+            }
             let r = self.record_write_noting(&h);
+            // With kernel passthrough a shared mapping holds the backing file, not this
+            // handle: it outlives the release and keeps writing the file. Such a handle
+            // stays open for the daemon (its lease, WRITES_OPEN) until the mapping goes,
+            // then its last content is recorded.
+            if mapped {
+                tracing::info!(fh, "a passthrough write handle released while its file is mapped: it keeps its lease until unmapped");
+                self.handles.lock().insert(fh, Handle::File(h.clone()));
+                let fs = Arc::downgrade(self);
+                std::thread::Builder::new()
+                    .name("pt-mapped".into())
+                    .spawn(move || crate::fs::stale::linger_while_mapped(&fs, fh, &h, mappers))?;
+                return r;
+            }
             self.handle_closed(&h);
             r?;
         }
