@@ -37,6 +37,6 @@ pub mod latency;
 pub mod ledger;
 pub mod policy;
 pub mod stat;
-pub mod telemetry;
 pub mod store;
+pub mod telemetry;
 pub mod versions;

@@ -181,7 +181,7 @@ impl Fs {
         let mut hashed: Option<Option<[u8; 32]>> = None;
         let mut hash_now = || {
             *hashed.get_or_insert_with(|| {
-                let f = sys::reopen(self.proc_fd.as_fd(), fd, libc::O_RDONLY).ok()?;
+                let f = sys::reopen_quiet(self.proc_fd.as_fd(), fd).ok()?;
                 self.hashes.hash(&f).ok().map(|(h, _)| h)
             })
         };
@@ -931,7 +931,7 @@ impl Fs {
         let reopened = self
             .fd(&h.node)
             .ok()
-            .and_then(|fd| sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY).ok());
+            .and_then(|fd| sys::reopen_quiet(self.proc_fd.as_fd(), fd.as_fd()).ok());
         if let Some(f) = reopened {
             let small = if untracked(&rel) {
                 None

@@ -186,6 +186,18 @@ pub fn reopen(
     Ok(unsafe { std::fs::File::from_raw_fd(nfd) })
 }
 
+/// The daemon's own read of a file (hashing it, keeping a version): like
+/// `reopen(.., O_RDONLY)` but with `O_NOATIME`, so that reading for the record does not
+/// change what the file's access time says (with passthrough of data the daemon hashes a
+/// file a caller has just given times to). `O_NOATIME` needs the file's owner or
+/// `CAP_FOWNER`: without them, a plain read-only open.
+pub fn reopen_quiet(proc_fd: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<std::fs::File> {
+    match reopen(proc_fd, fd, libc::O_RDONLY | libc::O_NOATIME) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => reopen(proc_fd, fd, libc::O_RDONLY),
+        r => r,
+    }
+}
+
 /// The modes a caller asks for are already masked by its own umask (the kernel sends it and
 /// `ops` applies it). The daemon's umask must not mask them a second time, yet the daemon's
 /// own files (ledger, pid file, socket) keep its umask: so each thread that creates on a

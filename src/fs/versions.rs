@@ -217,7 +217,7 @@ impl Fs {
             return;
         }
         let Ok(fd) = self.fd(&h.node) else { return };
-        let Ok(f) = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY) else {
+        let Ok(f) = sys::reopen_quiet(self.proc_fd.as_fd(), fd.as_fd()) else {
             return;
         };
         let Ok(st) = sys::stat_fd(f.as_fd()) else {

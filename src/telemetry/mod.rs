@@ -321,9 +321,11 @@ fn export_loop(
                 stats.exported.fetch_add(n, Ordering::Relaxed);
             }
             Err(e) => {
+                let msg = format!("{e}");
+                // The reason first: a status read that sees the failure sees why.
+                *stats.last_error.lock() = Some(msg.clone());
                 stats.failed.fetch_add(n, Ordering::Relaxed);
                 stats.failed_requests.fetch_add(1, Ordering::Relaxed);
-                let msg = format!("{e}");
                 // At most one warning every 10 s: a dead collector must not flood the log.
                 if last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
                     last_warn = Some(Instant::now());
@@ -334,7 +336,6 @@ fn export_loop(
                         stats.failed.load(Ordering::Relaxed)
                     );
                 }
-                *stats.last_error.lock() = Some(msg);
                 // An export of a whole ledger stops at the first refusal rather than wait a
                 // timeout for each of its batches; the rest is counted as not sent.
                 if give_up {

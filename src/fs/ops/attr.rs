@@ -152,13 +152,13 @@ impl Fs {
                 .and_then(|fh| self.file_handle(fh).ok())
                 .is_some_and(|h| h.writable);
             if !own_handle {
-                versions.0 = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY)
+                versions.0 = sys::reopen_quiet(self.proc_fd.as_fd(), fd.as_fd())
                     .ok()
                     .and_then(|f| self.keep_current(&rel, &f));
             }
             through_handle = self.truncate(caller, fd.as_fd(), fh, size, a.mode.is_some())?;
             if !own_handle {
-                versions.1 = sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY)
+                versions.1 = sys::reopen_quiet(self.proc_fd.as_fd(), fd.as_fd())
                     .ok()
                     .and_then(|f| self.keep_current(&rel, &f));
             }
@@ -253,7 +253,7 @@ impl Fs {
         caller: &Caller,
         fd: std::os::fd::BorrowedFd<'_>,
     ) {
-        let Ok(f) = sys::reopen(self.proc_fd.as_fd(), fd, libc::O_RDONLY) else {
+        let Ok(f) = sys::reopen_quiet(self.proc_fd.as_fd(), fd) else {
             return;
         };
         if let Ok((hash, stamp)) = self.hashes.hash(&f) {

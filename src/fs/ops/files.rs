@@ -164,7 +164,7 @@ impl Fs {
         fd: std::os::fd::BorrowedFd<'_>,
         rel: Option<&Path>,
     ) -> (Option<Vec<u8>>, Option<String>) {
-        let old = sys::reopen(self.proc_fd.as_fd(), fd, libc::O_RDONLY).ok();
+        let old = sys::reopen_quiet(self.proc_fd.as_fd(), fd).ok();
         let bytes = old
             .as_ref()
             .and_then(|f| crate::fs::hash::read_small(f, crate::fs::stale::RANGE_LIMIT));
@@ -446,7 +446,7 @@ impl Fs {
             w.seq
                 .wrote(offset, data.len() as u64, undisturbed && r.is_ok(), || {
                     let fd = self.fd(&h.node).ok()?;
-                    sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), libc::O_RDONLY).ok()
+                    sys::reopen_quiet(self.proc_fd.as_fd(), fd.as_fd()).ok()
                 });
             w.dirty = true;
             w.wrote = true;
