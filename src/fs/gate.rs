@@ -158,18 +158,7 @@ impl Gate {
         temps::NEW_TEMP.with(|t| t.set(false));
         let intent = ident.intent();
         if ident.tripped.load(Ordering::Acquire) {
-            let d = Denial::new(
-                Code::CircuitOpen,
-                op,
-                rel,
-                intent.as_deref(),
-                format!("{} was refused too often and is stopped until a human resets it", ident.name),
-                format!(
-                    "Stop and report to the human: this agent looped on refused operations. A human resets it with \
-                     `intentfs reset {}`.",
-                    ident.key()
-                ),
-            );
+            let d = circuit_open(ident, op, rel);
             return Err(self.deny(ident, caller, d));
         }
         match self.guard.check_write(intent.as_deref(), op, rel, is_dir) {
@@ -363,18 +352,7 @@ impl Gate {
             };
         }
         if ident.tripped.load(Ordering::Acquire) {
-            return Verdict::Deny(Denial::new(
-                Code::CircuitOpen,
-                op,
-                rel,
-                intent.as_deref(),
-                format!("{} was refused too often and is stopped until a human resets it", ident.name),
-                format!(
-                    "Stop and report to the human: this agent looped on refused operations. A human resets it with \
-                     `intentfs reset {}`.",
-                    ident.key()
-                ),
-            ));
+            return Verdict::Deny(circuit_open(ident, op, rel));
         }
         let rule = match self.guard.check_write(intent.as_deref(), op, rel, is_dir) {
             Ok(rule) => rule,
@@ -616,4 +594,20 @@ fn output_root(policy: &crate::policy::Policy, rel: &Path) -> PathBuf {
         .find(|a| policy.output_match(a).is_some())
         .unwrap_or(rel)
         .to_path_buf()
+}
+
+/// The refusal of anything an identity whose breaker tripped asks to change.
+fn circuit_open(ident: &Identity, op: Operation, rel: &Path) -> Denial {
+    Denial::new(
+        Code::CircuitOpen,
+        op,
+        rel,
+        ident.intent().as_deref(),
+        format!("{} was refused too often and is stopped until a human resets it", ident.name),
+        format!(
+            "Stop and report to the human: this agent looped on refused operations. A human resets it with \
+             `intentfs reset {}`.",
+            ident.key()
+        ),
+    )
 }

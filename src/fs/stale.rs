@@ -581,12 +581,7 @@ impl Fs {
         node: &Node,
         rel: &Path,
     ) -> Result<()> {
-        let open: Vec<Arc<FileHandle>> = node
-            .handles
-            .lock()
-            .iter()
-            .filter_map(|w| w.upgrade())
-            .collect();
+        let open = node.open_file_handles();
         let Some(holder) = open
             .iter()
             .find(|h| h.writable && h.identity.key != ident.key)
@@ -627,12 +622,7 @@ impl Fs {
         let Some(node) = self.table.by_backing(dev, ino) else {
             return false;
         };
-        let open: Vec<Arc<FileHandle>> = node
-            .handles
-            .lock()
-            .iter()
-            .filter_map(|w| w.upgrade())
-            .collect();
+        let open = node.open_file_handles();
         open.iter().any(|h| {
             h.identity.key == ident.key
                 && h.write_state()
@@ -646,12 +636,7 @@ impl Fs {
     /// for the kernel to drop, it made the change) or a writer outside the mount, which
     /// each such handle records at release (false).
     pub(crate) fn pt_write_seen(&self, node: &Node, pid: i32) -> bool {
-        let open: Vec<Arc<FileHandle>> = node
-            .handles
-            .lock()
-            .iter()
-            .filter_map(|w| w.upgrade())
-            .collect();
+        let open = node.open_file_handles();
         let pt: Vec<&Arc<FileHandle>> = open
             .iter()
             .filter(|h| h.write_state().is_some_and(|w| w.pt))
