@@ -102,7 +102,11 @@ impl Node {
     /// The file handles open on this inode now (taken out of the list, so no lock is
     /// held while the caller looks at their state).
     pub fn open_file_handles(&self) -> Vec<std::sync::Arc<super::FileHandle>> {
-        self.handles.lock().iter().filter_map(|w| w.upgrade()).collect()
+        self.handles
+            .lock()
+            .iter()
+            .filter_map(|w| w.upgrade())
+            .collect()
     }
 
     /// Take the backing handle out of the node, if it is open (the count of open handles
