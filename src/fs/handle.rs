@@ -119,6 +119,10 @@ pub struct WriteState {
     /// writes through a page already mapped writable move neither the size nor the times,
     /// so its release hashes the content afresh instead of trusting the stamp.
     pub mapped: bool,
+    /// Opened read-write: only such a descriptor can map the file shared and writable
+    /// (`mmap` refuses `MAP_SHARED` with `PROT_WRITE` on any other), so only such a
+    /// handle's close and release look for mappings in `/proc`.
+    pub rdwr: bool,
 }
 
 /// How a handle that may change its file starts.
@@ -141,6 +145,8 @@ pub struct WriteOpen {
     pub pt: bool,
     /// The thread group id of the process that opened it.
     pub writer: i32,
+    /// Opened read-write (see [`WriteState::rdwr`]).
+    pub rdwr: bool,
 }
 
 impl FileHandle {
@@ -183,6 +189,7 @@ impl FileHandle {
                 outside: Vec::new(),
                 unattributed: Vec::new(),
                 mapped: false,
+                rdwr: w.rdwr,
             })),
         };
         FileHandle {

@@ -695,7 +695,7 @@ impl Fs {
     /// Whether process `pid` (a thread of it) maps `h`'s file shared and writable: a
     /// passthrough handle's process at a close.
     pub(crate) fn pt_mapped_by(&self, h: &FileHandle, pid: u32) -> bool {
-        h.write_state().is_some_and(|w| w.pt)
+        h.write_state().is_some_and(|w| w.pt && w.rdwr)
             && maps_shared_writable(crate::guard::identity::tgid_of(pid), h.node.ino)
     }
 
@@ -706,7 +706,12 @@ impl Fs {
     /// inherited the mapping is no one's descendant once its parent exited) and their
     /// descendants that map it.
     pub(crate) fn pt_mappers(&self, h: &FileHandle, also: &[u32]) -> Vec<u32> {
-        let Some(writers) = h.write_state().filter(|w| w.pt).map(|w| w.writers.clone()) else {
+        // (A mapping through another, read-write, handle is that handle's to find.)
+        let Some(writers) = h
+            .write_state()
+            .filter(|w| w.pt && w.rdwr)
+            .map(|w| w.writers.clone())
+        else {
             return Vec::new();
         };
         let ino = h.node.ino;

@@ -77,6 +77,7 @@ impl Fs {
             begun: truncates || pt,
             pt,
             writer: crate::guard::identity::tgid_of(caller.pid) as i32,
+            rdwr: acc == libc::O_RDWR,
         });
         let h = FileHandle::new(
             file,
@@ -312,6 +313,7 @@ impl Fs {
                 begun: true,
                 pt: self.data_passthrough() && !crate::fs::gitrefs::is_rebase_todo(&rel),
                 writer: crate::guard::identity::tgid_of(caller.pid) as i32,
+                rdwr: flags & libc::O_ACCMODE == libc::O_RDWR,
             }),
         );
         self.prepare_write_handle(&h, &rel);
