@@ -143,8 +143,6 @@ pub struct WriteOpen {
     pub begun: bool,
     /// Kernel passthrough of its data (see [`WriteState::pt`]).
     pub pt: bool,
-    /// The thread group id of the process that opened it.
-    pub writer: i32,
     /// Opened read-write (see [`WriteState::rdwr`]).
     pub rdwr: bool,
 }
@@ -185,7 +183,12 @@ impl FileHandle {
                 seq: SeqHash::default(),
                 begun: w.begun,
                 pt: w.pt,
-                writers: vec![w.writer],
+                // (Only a passthrough handle's writes are told apart by process.)
+                writers: if w.pt {
+                    vec![crate::guard::identity::tgid_of(caller.pid) as i32]
+                } else {
+                    Vec::new()
+                },
                 outside: Vec::new(),
                 unattributed: Vec::new(),
                 mapped: false,

@@ -304,6 +304,21 @@ impl Fs {
         self.data_passthrough.load(Ordering::Relaxed)
     }
 
+    /// How regular files' data travels, as the log and `.intentfs/status` say it.
+    pub fn data_mode(&self) -> &'static str {
+        if self.data_passthrough() {
+            "passthrough"
+        } else {
+            "daemon"
+        }
+    }
+
+    /// Whether a write handle on `rel` bypasses the daemon: with kernel passthrough of
+    /// data, every one but a rebase todo list's (each of its writes is checked as text).
+    pub(crate) fn pt_writes(&self, rel: &Path) -> bool {
+        self.data_passthrough() && !gitrefs::is_rebase_todo(rel)
+    }
+
     /// The open write handles of the identity with `key` (with kernel passthrough of data,
     /// its writes through them no longer reach the daemon).
     pub(crate) fn write_handles_of(&self, key: &str) -> Vec<Arc<FileHandle>> {

@@ -58,13 +58,7 @@ pub struct Temps {
 
 /// The process (thread group) of a thread, with its start time.
 fn process_of(tid: u32) -> Option<(u32, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    let tgid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Tgid:"))?
-        .trim()
-        .parse()
-        .ok()?;
+    let tgid = crate::guard::identity::tgid(tid)?;
     Some((tgid, proc_parent(tgid)?.1))
 }
 

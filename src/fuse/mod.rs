@@ -137,12 +137,7 @@ impl Filesystem for FuseFs {
                  (CONFIG_FUSE_PASSTHROUGH, Linux 6.9+); reads and writes go through the daemon"
             );
         }
-        let what = if self.fs.data_passthrough() {
-            "passthrough"
-        } else {
-            "daemon"
-        };
-        tracing::info!("data: {what}");
+        tracing::info!("data: {}", self.fs.data_mode());
         Ok(())
     }
 

@@ -472,19 +472,22 @@ pub(crate) fn read_proc(pid: u32, file: &str, buf: &mut [u8]) -> Option<usize> {
     std::io::Read::read(&mut f, buf).ok()
 }
 
-/// The process (thread group id) a thread belongs to; the thread's own id when `/proc`
-/// does not say (FUSE requests carry the calling thread's id, fanotify events the
+/// The process (thread group id) a thread belongs to, None when `/proc` does not show
+/// the thread (FUSE requests carry the calling thread's id, fanotify events the
 /// process's).
-pub fn tgid_of(tid: u32) -> u32 {
+pub fn tgid(tid: u32) -> Option<u32> {
+    // (`Tgid:` is the fourth line of `status`, well inside the buffer.)
     let mut buf = [0u8; 512];
-    let Some(n) = read_proc(tid, "status", &mut buf) else {
-        return tid;
-    };
+    let n = read_proc(tid, "status", &mut buf)?;
     String::from_utf8_lossy(&buf[..n])
         .lines()
         .find_map(|l| l.strip_prefix("Tgid:"))
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(tid)
+}
+
+/// [`tgid`], or the thread's own id when `/proc` does not say.
+pub fn tgid_of(tid: u32) -> u32 {
+    tgid(tid).unwrap_or(tid)
 }
 
 /// The process name of a pid, for the ledger (empty when not visible). From

@@ -42,11 +42,7 @@ impl Fs {
             nodes: self.table.len(),
             open_handles: self.table.open_handles(),
             transport: self.transport.get().cloned(),
-            data: if self.data_passthrough() {
-                "passthrough"
-            } else {
-                "daemon"
-            },
+            data: self.data_mode(),
             lessons_file: self
                 .gate
                 .guard

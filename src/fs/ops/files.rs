@@ -37,9 +37,7 @@ impl Fs {
         // With kernel passthrough of data, this handle's writes will not reach the daemon:
         // everything they would have been checked for is decided now (a rebase todo list
         // stays daemon-handled: each of its writes is checked as text).
-        let pt = write_rel
-            .as_ref()
-            .is_some_and(|rel| self.data_passthrough() && !crate::fs::gitrefs::is_rebase_todo(rel));
+        let pt = write_rel.as_deref().is_some_and(|rel| self.pt_writes(rel));
         // Every write open of a passthrough mount takes part in the lease, a daemon-served
         // one (a rebase todo list, which may be a hard link of any file) included.
         if let (true, Some(rel)) = (self.data_passthrough(), &write_rel) {
@@ -76,7 +74,6 @@ impl Fs {
             prev_hash: pre_hash,
             begun: truncates || pt,
             pt,
-            writer: crate::guard::identity::tgid_of(caller.pid) as i32,
             rdwr: acc == libc::O_RDWR,
         });
         let h = FileHandle::new(
@@ -311,8 +308,7 @@ impl Fs {
                 pre_image: None,
                 prev_hash: None,
                 begun: true,
-                pt: self.data_passthrough() && !crate::fs::gitrefs::is_rebase_todo(&rel),
-                writer: crate::guard::identity::tgid_of(caller.pid) as i32,
+                pt: self.pt_writes(&rel),
                 rdwr: flags & libc::O_ACCMODE == libc::O_RDWR,
             }),
         );
