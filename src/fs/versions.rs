@@ -269,7 +269,8 @@ impl Fs {
             }
             let recent = self.versions.recent.lock().get(h).cloned();
             let why = match recent {
-                Some(None) if store.has(h) => continue,
+                // Stored (or found present) by this daemon just now: no need to look.
+                Some(None) => continue,
                 Some(Some(why)) => why,
                 _ if store.has(h) => continue,
                 _ => self

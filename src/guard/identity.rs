@@ -485,9 +485,30 @@ pub fn tgid(tid: u32) -> Option<u32> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// [`tgid`], or the thread's own id when `/proc` does not say.
+/// How long [`tgid_of`] reuses what `/proc` said. `/proc/<tid>/status` is generated in
+/// full for every read (about 2% of the daemon's CPU in `tar x` with kernel passthrough,
+/// one read per write open). A thread's process never changes while the thread lives; a
+/// reused thread id would have to come round the whole pid space (32,768 here) within
+/// this time, which no fork rate reaches.
+const TGID_TTL: Duration = Duration::from_millis(100);
+
+/// [`tgid`], or the thread's own id when `/proc` does not say; remembered briefly.
 pub fn tgid_of(tid: u32) -> u32 {
-    tgid(tid).unwrap_or(tid)
+    static SEEN: std::sync::LazyLock<Mutex<HashMap<u32, (Instant, u32)>>> =
+        std::sync::LazyLock::new(|| Mutex::new(HashMap::new()));
+    let now = Instant::now();
+    if let Some(&(at, g)) = SEEN.lock().get(&tid) {
+        if now.duration_since(at) < TGID_TTL {
+            return g;
+        }
+    }
+    let Some(g) = tgid(tid) else { return tid };
+    let mut seen = SEEN.lock();
+    if seen.len() >= 1024 {
+        seen.retain(|_, (at, _)| now.duration_since(*at) < TGID_TTL);
+    }
+    seen.insert(tid, (now, g));
+    g
 }
 
 /// The process name of a pid, for the ledger (empty when not visible). From

@@ -338,8 +338,9 @@ fn write_atomic(out: &Path, data: &[u8]) -> io::Result<()> {
     let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
     let res = (|| {
         let mut f = File::create(&tmp)?;
+        // No fdatasync: the map is derived from the ledger and rebuilt from it whenever
+        // the daemon starts, and this ran once a second for a file of megabytes.
         f.write_all(data)?;
-        f.sync_data()?;
         std::fs::rename(&tmp, out)
     })();
     if res.is_err() {
@@ -480,45 +481,50 @@ fn item_of(line: &str, lang: Lang) -> Option<String> {
 
 /// Items touched by changes at `ranges` (1-based inclusive) of the file at `path`: the
 /// item enclosing each range's start and every item declared inside a range, the first
-/// `limit` of them. The file is read only as far as needed (a new file's range is all of
-/// it, and the map keeps a dozen items a file, so a build unpacking thousands of files is
-/// not scanned to their ends).
+/// `limit` of them. The file is read in one go (at most [`MAX_SCAN_BYTES`]) and its lines
+/// are looked at only as far as needed, without copying them (a new file's range is all
+/// of it, and the map keeps a dozen items a file, so a build unpacking thousands of files
+/// is not scanned to their ends: this ran for every file `tar x` wrote, and reading it
+/// line by line into owned strings was most of the intent map's CPU).
 pub fn items_touched(path: &Path, ranges: &[(u32, u32)], limit: usize) -> Vec<String> {
-    use std::io::BufRead;
+    use std::io::Read;
     let Some(lang) = lang_of(path) else {
         return Vec::new();
     };
     let Ok(f) = std::fs::File::open(path) else {
         return Vec::new();
     };
-    match f.metadata() {
-        Ok(m) if m.is_file() && m.len() <= MAX_SCAN_BYTES => {}
+    let len = match f.metadata() {
+        Ok(m) if m.is_file() && m.len() <= MAX_SCAN_BYTES => m.len(),
         _ => return Vec::new(),
+    };
+    let mut text = Vec::with_capacity(len as usize + 1);
+    if f.take(MAX_SCAN_BYTES).read_to_end(&mut text).is_err() {
+        return Vec::new();
     }
+    items_in(&text, lang, ranges, limit)
+}
+
+/// [`items_touched`] over a file's bytes.
+fn items_in(text: &[u8], lang: Lang, ranges: &[(u32, u32)], limit: usize) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     let push = |out: &mut Vec<String>, s: String| {
         if !out.contains(&s) {
             out.push(s);
         }
     };
-    // Lines are read on demand, only as far as needed, and kept (ranges may come in any
-    // order).
-    let mut reader = std::io::BufReader::new(f).split(b'\n');
-    let mut lines: Vec<String> = Vec::new();
-    let mut eof = false;
-    // Whether line `i` (0-based) exists, reading up to it.
-    let mut have = |i: usize, lines: &mut Vec<String>| -> bool {
-        while lines.len() <= i && !eof {
-            match reader.next() {
-                Some(Ok(l)) => {
-                    let l = l.strip_suffix(b"\r").unwrap_or(&l);
-                    lines.push(String::from_utf8_lossy(l).into_owned());
-                }
-                _ => eof = true,
-            }
-        }
-        i < lines.len()
+    // A trailing newline ends the last line; it starts none. Splitting is a memchr over
+    // bytes already read: cheap next to looking at each line for an item, done lazily.
+    let body = text.strip_suffix(b"\n").unwrap_or(text);
+    let lines: Vec<&[u8]> = if text.is_empty() {
+        Vec::new()
+    } else {
+        body.split(|&b| b == b'\n')
+            .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+            .collect()
     };
+    let have = |i: usize| i < lines.len();
+    let item = |l: &[u8]| item_of(&String::from_utf8_lossy(l), lang);
     for &(s, e) in ranges {
         if out.len() >= limit {
             break;
@@ -527,26 +533,26 @@ pub fn items_touched(path: &Path, ranges: &[(u32, u32)], limit: usize) -> Vec<St
         let s = s.max(1) as usize;
         let mut enclosing = None;
         for i in 0..s {
-            if !have(i, &mut lines) {
+            if !have(i) {
                 break;
             }
-            if let Some(item) = item_of(&lines[i], lang) {
-                enclosing = Some(item);
+            if let Some(it) = item(lines[i]) {
+                enclosing = Some(it);
             }
         }
-        if let Some(item) = enclosing {
-            push(&mut out, item);
+        if let Some(it) = enclosing {
+            push(&mut out, it);
         }
         // Items declared on lines s+1..=e.
         for i in s..(e as usize) {
             if out.len() >= limit {
                 break;
             }
-            if !have(i, &mut lines) {
+            if !have(i) {
                 break;
             }
-            if let Some(item) = item_of(&lines[i], lang) {
-                push(&mut out, item);
+            if let Some(it) = item(lines[i]) {
+                push(&mut out, it);
             }
         }
     }
