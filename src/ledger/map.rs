@@ -505,6 +505,44 @@ pub fn items_touched(path: &Path, ranges: &[(u32, u32)], limit: usize) -> Vec<St
     items_in(&text, lang, ranges, limit)
 }
 
+/// A file's lines, split on demand and remembered as byte ranges (ranges may come in any
+/// order; a new file's range is all of it, and a dozen items are found near its top).
+struct LineCursor<'a> {
+    text: &'a [u8],
+    /// Where the next line starts.
+    pos: usize,
+    lines: Vec<(usize, usize)>,
+}
+
+impl<'a> LineCursor<'a> {
+    fn new(text: &'a [u8]) -> LineCursor<'a> {
+        LineCursor {
+            text,
+            pos: 0,
+            lines: Vec::new(),
+        }
+    }
+
+    /// Whether line `i` (0-based) exists, splitting up to it. A trailing newline ends the
+    /// last line; it starts none.
+    fn have(&mut self, i: usize) -> bool {
+        while self.lines.len() <= i && self.pos < self.text.len() {
+            let rest = &self.text[self.pos..];
+            let end = rest.iter().position(|&b| b == b'\n').unwrap_or(rest.len());
+            self.lines.push((self.pos, self.pos + end));
+            self.pos += end + 1;
+        }
+        i < self.lines.len()
+    }
+
+    /// Line `i`, without its `\r\n` or `\n` (after [`LineCursor::have`] said it exists).
+    fn get(&self, i: usize) -> &'a [u8] {
+        let (s, e) = self.lines[i];
+        let l = &self.text[s..e];
+        l.strip_suffix(b"\r").unwrap_or(l)
+    }
+}
+
 /// [`items_touched`] over a file's bytes.
 fn items_in(text: &[u8], lang: Lang, ranges: &[(u32, u32)], limit: usize) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
@@ -513,17 +551,7 @@ fn items_in(text: &[u8], lang: Lang, ranges: &[(u32, u32)], limit: usize) -> Vec
             out.push(s);
         }
     };
-    // A trailing newline ends the last line; it starts none. Splitting is a memchr over
-    // bytes already read: cheap next to looking at each line for an item, done lazily.
-    let body = text.strip_suffix(b"\n").unwrap_or(text);
-    let lines: Vec<&[u8]> = if text.is_empty() {
-        Vec::new()
-    } else {
-        body.split(|&b| b == b'\n')
-            .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
-            .collect()
-    };
-    let have = |i: usize| i < lines.len();
+    let mut lines = LineCursor::new(text);
     let item = |l: &[u8]| item_of(&String::from_utf8_lossy(l), lang);
     for &(s, e) in ranges {
         if out.len() >= limit {
@@ -533,10 +561,10 @@ fn items_in(text: &[u8], lang: Lang, ranges: &[(u32, u32)], limit: usize) -> Vec
         let s = s.max(1) as usize;
         let mut enclosing = None;
         for i in 0..s {
-            if !have(i) {
+            if !lines.have(i) {
                 break;
             }
-            if let Some(it) = item(lines[i]) {
+            if let Some(it) = item(lines.get(i)) {
                 enclosing = Some(it);
             }
         }
@@ -548,10 +576,10 @@ fn items_in(text: &[u8], lang: Lang, ranges: &[(u32, u32)], limit: usize) -> Vec
             if out.len() >= limit {
                 break;
             }
-            if !have(i) {
+            if !lines.have(i) {
                 break;
             }
-            if let Some(it) = item(lines[i]) {
+            if let Some(it) = item(lines.get(i)) {
                 push(&mut out, it);
             }
         }
