@@ -12,13 +12,28 @@
 //!
 //! Requests are reassembled into the contiguous /dev/fuse layout and go through fuser's own
 //! decoder and `dispatch`, so a `Filesystem` sees no difference; the reply path differs only
-//! in `ReplySender::Ring`. References: the kernel's `fs/fuse/dev_uring.c` and
+//! in `ReplySender::Ring`.
+//!
+//! Several threads serve one queue's io_uring (`threads` per queue): each takes one
+//! completion at a time and whichever is idle waits in `io_uring_enter`, so a slow request
+//! (an fsync, hashing a large file at close) holds up only the thread serving it. Why not
+//! one io_uring per thread, each registering its share of the entries on the same queue
+//! (the kernel allows it: an entry is tied only to the command that last fetched with it)?
+//! Because the kernel hands a request to the queue's most recently freed entry, whichever
+//! io_uring that is (`fuse_uring_ent_avail` puts it at the head of `ent_avail_queue`,
+//! `fuse_uring_queue_fuse_req` takes the first), and its completion is posted on that
+//! io_uring (`io_uring_cmd_done`): very often the one whose thread has just started the
+//! slow request, and nobody else reads it.
+//!
+//! References: the kernel's `fs/fuse/dev_uring.c` and
 //! `include/uapi/linux/fuse.h`, libfuse 3.18 `lib/fuse_uring.c`.
 
 use std::cell::Cell;
 use std::cell::UnsafeCell;
 use std::fmt;
 use std::io;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
 use std::io::IoSlice;
 use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
@@ -48,6 +63,8 @@ const FUSE_IO_URING_CMD_COMMIT_AND_FETCH: u32 = 2;
 /// `FUSE_URING_IOV_SEGS`: the header and the payload buffer.
 const IOV_SEGS: u32 = 2;
 const IN_HEADER: usize = size_of::<abi::fuse_in_header>();
+/// `user_data` of the NOPs that wake a queue's threads when it closes (entries use indices).
+const WAKE: u64 = u64::MAX;
 const OUT_HEADER: usize = size_of::<abi::fuse_out_header>();
 
 /// `struct fuse_uring_ent_in_out`.
@@ -91,22 +108,29 @@ struct Entry {
     iov: Box<[libc::iovec; 2]>,
 }
 
-/// One kernel queue: its own io_uring, its entries, one serving thread.
+/// One kernel queue: its own io_uring, its entries, `threads` serving threads.
 pub(crate) struct RingQueue {
     qid: u16,
     ring: IoUring<squeue::Entry128, cqueue::Entry>,
-    /// Pushes to the submission queue come from the serving thread and from replies sent
+    /// Pushes to the submission queue come from the serving threads and from replies sent
     /// later by other threads (a parked approval): one at a time.
     sq_lock: Mutex<()>,
+    /// The serving threads take completions one at a time, under this lock.
+    cq_lock: Mutex<()>,
     entries: Vec<Entry>,
+    /// How many threads serve this queue (`run` starts them).
+    pub(crate) threads: usize,
     dev: Channel,
     /// Completions seen while checking the registrations: served first.
     early: Mutex<Vec<(u64, i32)>>,
+    /// Set by the first serving thread to stop (unmount, DESTROY, an error); the others
+    /// stop at their next completion (the one that sets it posts one for each).
+    closed: AtomicBool,
 }
 
 // SAFETY: the entries' buffers are shared with the kernel and handed from the serving thread
-// to the reply by the protocol above (never two writers at once); the submission queue is
-// behind `sq_lock` and the completion queue is read by the serving thread only.
+// that took the entry's completion to the reply by the protocol above (never two writers at
+// once); the submission queue is behind `sq_lock`, the completion queue behind `cq_lock`.
 unsafe impl Sync for RingQueue {}
 // SAFETY: as above; nothing is tied to the creating thread.
 unsafe impl Send for RingQueue {}
@@ -137,18 +161,21 @@ fn possible_cpus() -> io::Result<usize> {
 }
 
 /// Registers `entries` entries on every queue of the connection behind `dev`, each with a
-/// payload buffer of `payload` bytes. An error means the kernel refused (the caller keeps
-/// serving over /dev/fuse, which the kernel uses until every queue has an entry).
+/// payload buffer of `payload` bytes, to be served by `threads` threads per queue. An error
+/// means the kernel refused (the caller keeps serving over /dev/fuse, which the kernel uses
+/// until every queue has an entry).
 pub(crate) fn register(
     dev: &Channel,
     entries: usize,
+    threads: usize,
     payload: usize,
 ) -> io::Result<Vec<Arc<RingQueue>>> {
     let nq = possible_cpus()?;
     let mut queues = Vec::with_capacity(nq);
     for qid in 0..nq {
+        // Room for every entry's command plus the closing NOPs, twice over.
         let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
-            .build((entries as u32 * 2).next_power_of_two())?;
+            .build(((entries + threads) as u32 * 2).next_power_of_two())?;
         let mut ents = Vec::with_capacity(entries);
         for _ in 0..entries {
             let header = Box::new(UnsafeCell::new(Header {
@@ -182,9 +209,12 @@ pub(crate) fn register(
             qid: qid as u16,
             ring,
             sq_lock: Mutex::new(()),
+            cq_lock: Mutex::new(()),
             entries: ents,
+            threads: threads.max(1),
             dev: dev.clone(),
             early: Mutex::new(Vec::new()),
+            closed: AtomicBool::new(false),
         });
         for (i, e) in q.entries.iter().enumerate() {
             let sqe = opcode::UringCmd80::new(
@@ -237,41 +267,100 @@ impl RingQueue {
         Ok(())
     }
 
-    /// Serves the queue's requests with `se` until the connection ends.
+    /// One of the queue's serving threads: serves requests with `se` until the connection
+    /// ends (or the queue stops), then wakes the queue's other threads so they stop too.
     pub(crate) fn serve<FS: Filesystem>(
         self: &Arc<Self>,
         se: &SessionEventLoop<FS>,
     ) -> io::Result<()> {
         SERVING.with(|s| s.set(Arc::as_ptr(self)));
         self.pin();
+        let r = self.serve_loop(se);
+        self.close();
+        r
+    }
+
+    fn serve_loop<FS: Filesystem>(self: &Arc<Self>, se: &SessionEventLoop<FS>) -> io::Result<()> {
         // 8-byte aligned, as fuser's decoder wants `fuse_in_header`.
         let mut buf: Vec<u64> = Vec::new();
-        let mut done = std::mem::take(&mut *self.early.lock());
         loop {
-            for (idx, res) in done.drain(..) {
-                if res < 0 {
-                    // ENOTCONN: the connection was aborted (unmount); ECANCELED: the ring
-                    // was torn down.
-                    if res == -libc::ENOTCONN || res == -libc::ECANCELED || res == -libc::ENODEV {
-                        debug!("ring queue {}: closed ({res})", self.qid);
-                        return Ok(());
-                    }
-                    error!("ring queue {}: entry {idx} failed: {res}", self.qid);
-                    return Err(io::Error::from_raw_os_error(-res));
+            if self.closed.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            // One completion at a time: a thread that took two and started a slow request
+            // with the first would hold up the second, which is what the other threads are
+            // for.
+            let Some((idx, res)) = self.take() else {
+                // Nothing to serve: submit what this thread's replies pushed and wait. The
+                // kernel wakes one waiter per completion (`io_cqring_wait` waits
+                // exclusively), so idle threads do not all wake for each request.
+                match self.ring.submit_and_wait(1) {
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                    Err(e) => return Err(e),
                 }
-                if !self.handle(idx as usize, &mut buf, se) {
+                continue;
+            };
+            if idx == WAKE {
+                continue;
+            }
+            // The previous request's reply (pushed, not yet submitted when another
+            // completion was waiting) goes to the kernel before this request runs, which
+            // may take long.
+            self.submit_pending()?;
+            if res < 0 {
+                // ENOTCONN: the connection was aborted (unmount); ECANCELED: the ring was
+                // torn down.
+                if res == -libc::ENOTCONN || res == -libc::ECANCELED || res == -libc::ENODEV {
+                    debug!("ring queue {}: closed ({res})", self.qid);
                     return Ok(());
                 }
+                error!("ring queue {}: entry {idx} failed: {res}", self.qid);
+                return Err(io::Error::from_raw_os_error(-res));
             }
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                Err(e) => return Err(e),
+            if !self.handle(idx as usize, &mut buf, se) {
+                return Ok(());
             }
-            // SAFETY: the serving thread is the only reader of its completion queue.
-            let cq = unsafe { self.ring.completion_shared() };
-            done.extend(cq.map(|c| (c.user_data(), c.result())));
         }
+    }
+
+    /// The next completion (`user_data`, result), if one is ready.
+    fn take(&self) -> Option<(u64, i32)> {
+        if let Some(c) = self.early.lock().pop() {
+            return Some(c);
+        }
+        let _g = self.cq_lock.lock();
+        // SAFETY: completions are taken under `cq_lock`, one reader at a time.
+        let mut cq = unsafe { self.ring.completion_shared() };
+        cq.next().map(|c| (c.user_data(), c.result()))
+    }
+
+    /// Submits what is in the submission queue, if anything.
+    fn submit_pending(&self) -> io::Result<()> {
+        let pending = {
+            let _g = self.sq_lock.lock();
+            // SAFETY: under `sq_lock`, as every push.
+            !unsafe { self.ring.submission_shared() }.is_empty()
+        };
+        if pending {
+            self.ring.submit()?;
+        }
+        Ok(())
+    }
+
+    /// Stops the queue: the first caller posts one NOP per serving thread, so that each
+    /// thread waiting for a completion wakes, sees `closed` and returns.
+    fn close(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        for _ in 0..self.threads {
+            let nop = squeue::Entry128::from(opcode::Nop::new().build().user_data(WAKE));
+            if self.push(nop).is_err() {
+                break;
+            }
+        }
+        let _ = self.ring.submit();
     }
 
     /// Runs the thread on its queue's CPU, as libfuse does: the kernel queues a request on
