@@ -33,7 +33,9 @@ use std::cell::UnsafeCell;
 use std::fmt;
 use std::io;
 use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 use std::io::IoSlice;
 use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
@@ -65,6 +67,12 @@ const IOV_SEGS: u32 = 2;
 const IN_HEADER: usize = size_of::<abi::fuse_in_header>();
 /// `user_data` of the NOPs that wake a queue's threads when it closes (entries use indices).
 const WAKE: u64 = u64::MAX;
+/// How often a standby thread looks at its queue's primary while requests flow: a request
+/// waits at most about two of these behind a slow one.
+const TICK: Duration = Duration::from_millis(1);
+/// Quiet ticks after which a standby thread parks until the next request (no wake-ups on
+/// an idle mount).
+const QUIET_TICKS: u32 = 50;
 const OUT_HEADER: usize = size_of::<abi::fuse_out_header>();
 
 /// `struct fuse_uring_ent_in_out`.
@@ -124,8 +132,15 @@ pub(crate) struct RingQueue {
     /// Completions seen while checking the registrations: served first.
     early: Mutex<Vec<(u64, i32)>>,
     /// Set by the first serving thread to stop (unmount, DESTROY, an error); the others
-    /// stop at their next completion (the one that sets it posts one for each).
+    /// stop at their next completion (the one that sets it posts one for each) or wake.
     closed: AtomicBool,
+    /// Requests the primary thread has started, and whether it is running one now: what
+    /// the standby threads watch.
+    started: AtomicU64,
+    busy: AtomicBool,
+    /// Standby threads parked after a quiet spell, unparked by the next request.
+    standby: Mutex<Vec<std::thread::Thread>>,
+    standby_parked: AtomicBool,
 }
 
 // SAFETY: the entries' buffers are shared with the kernel and handed from the serving thread
@@ -215,6 +230,10 @@ pub(crate) fn register(
             dev: dev.clone(),
             early: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
+            started: AtomicU64::new(0),
+            busy: AtomicBool::new(false),
+            standby: Mutex::new(Vec::new()),
+            standby_parked: AtomicBool::new(false),
         });
         for (i, e) in q.entries.iter().enumerate() {
             let sqe = opcode::UringCmd80::new(
@@ -267,33 +286,51 @@ impl RingQueue {
         Ok(())
     }
 
-    /// One of the queue's serving threads: serves requests with `se` until the connection
-    /// ends (or the queue stops), then wakes the queue's other threads so they stop too.
+    /// Serving thread `t` of the queue: the primary (`t == 0`) serves requests with `se`
+    /// until the connection ends or the queue stops; the others stand by (see
+    /// [`RingQueue::stand_by`]). On its way out each wakes the others so they stop too.
     pub(crate) fn serve<FS: Filesystem>(
         self: &Arc<Self>,
+        t: usize,
         se: &SessionEventLoop<FS>,
     ) -> io::Result<()> {
         SERVING.with(|s| s.set(Arc::as_ptr(self)));
         self.pin();
-        let r = self.serve_loop(se);
+        let mut buf: Vec<u64> = Vec::new();
+        let r = if t == 0 {
+            self.serve_loop(&mut buf, se, None).map(|_| ())
+        } else {
+            self.standby.lock().push(std::thread::current());
+            self.stand_by(&mut buf, se)
+        };
         self.close();
         r
     }
 
-    fn serve_loop<FS: Filesystem>(self: &Arc<Self>, se: &SessionEventLoop<FS>) -> io::Result<()> {
-        // 8-byte aligned, as fuser's decoder wants `fuse_in_header`.
-        let mut buf: Vec<u64> = Vec::new();
+    /// Takes and serves completions; waits on the ring when there are none. The primary
+    /// (`stuck` is `None`) returns only when the queue closes (`Ok(false)`); a standby
+    /// thread, standing in while the primary is inside its request number `stuck`, returns
+    /// `Ok(true)` once nothing waits and the primary has left that request.
+    fn serve_loop<FS: Filesystem>(
+        self: &Arc<Self>,
+        buf: &mut Vec<u64>,
+        se: &SessionEventLoop<FS>,
+        stuck: Option<u64>,
+    ) -> io::Result<bool> {
+        let primary = stuck.is_none();
         loop {
             if self.closed.load(Ordering::Acquire) {
-                return Ok(());
+                return Ok(false);
             }
             // One completion at a time: a thread that took two and started a slow request
-            // with the first would hold up the second, which is what the other threads are
-            // for.
+            // with the first would hold up the second.
             let Some((idx, res)) = self.take() else {
-                // Nothing to serve: submit what this thread's replies pushed and wait. The
-                // kernel wakes one waiter per completion (`io_cqring_wait` waits
-                // exclusively), so idle threads do not all wake for each request.
+                if stuck.is_some_and(|n| !self.primary_inside(n)) {
+                    // Back to watching; what this thread's replies pushed goes now.
+                    self.submit_pending()?;
+                    return Ok(true);
+                }
+                // Nothing to serve: submit what this thread's replies pushed and wait.
                 match self.ring.submit_and_wait(1) {
                     Ok(_) => {}
                     Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
@@ -313,15 +350,81 @@ impl RingQueue {
                 // torn down.
                 if res == -libc::ENOTCONN || res == -libc::ECANCELED || res == -libc::ENODEV {
                     debug!("ring queue {}: closed ({res})", self.qid);
-                    return Ok(());
+                    return Ok(false);
                 }
                 error!("ring queue {}: entry {idx} failed: {res}", self.qid);
                 return Err(io::Error::from_raw_os_error(-res));
             }
-            if !self.handle(idx as usize, &mut buf, se) {
-                return Ok(());
+            if primary {
+                self.started.fetch_add(1, Ordering::SeqCst);
+                self.busy.store(true, Ordering::SeqCst);
+                if self.standby_parked.swap(false, Ordering::SeqCst) {
+                    for t in self.standby.lock().iter() {
+                        t.unpark();
+                    }
+                }
+            }
+            let more = self.handle(idx as usize, buf, se);
+            if primary {
+                self.busy.store(false, Ordering::SeqCst);
+            }
+            if !more {
+                return Ok(false);
             }
         }
+    }
+
+    /// A standby thread: while requests flow, it looks at the primary every [`TICK`]; when
+    /// the primary has been inside one request for a whole tick (a slow one: hashing a
+    /// large file, an fsync), it serves the queue's completions itself until the primary
+    /// is free again. So a slow request holds up the next ones from its CPU by at most
+    /// about two ticks, and the fast path costs nothing: completions wake every thread
+    /// waiting on the ring (`__io_cqring_wake` wakes all waiters whose wait is satisfied),
+    /// so a second thread always waiting there would add a wake-up to every request (it
+    /// doubled `tar x`'s time). After [`QUIET_TICKS`] quiet ticks it parks until the
+    /// primary's next request.
+    fn stand_by<FS: Filesystem>(
+        self: &Arc<Self>,
+        buf: &mut Vec<u64>,
+        se: &SessionEventLoop<FS>,
+    ) -> io::Result<()> {
+        let mut quiet = 0u32;
+        loop {
+            if self.closed.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            let seen = self.started.load(Ordering::SeqCst);
+            if quiet >= QUIET_TICKS {
+                // SeqCst with the primary's increment then swap: either it sees the flag
+                // and unparks (a token `park` consumes), or this sees its increment.
+                self.standby_parked.store(true, Ordering::SeqCst);
+                if self.started.load(Ordering::SeqCst) == seen
+                    && !self.closed.load(Ordering::Acquire)
+                {
+                    std::thread::park();
+                }
+                self.standby_parked.store(false, Ordering::SeqCst);
+                quiet = 0;
+                continue;
+            }
+            std::thread::sleep(TICK);
+            let now = self.started.load(Ordering::SeqCst);
+            if now == seen && self.primary_inside(now) {
+                quiet = 0;
+                if !self.serve_loop(buf, se, Some(now))? {
+                    return Ok(());
+                }
+            } else if now == seen {
+                quiet += 1;
+            } else {
+                quiet = 0;
+            }
+        }
+    }
+
+    /// Whether the primary is still inside its request number `n`.
+    fn primary_inside(&self, n: u64) -> bool {
+        self.busy.load(Ordering::SeqCst) && self.started.load(Ordering::SeqCst) == n
     }
 
     /// The next completion (`user_data`, result), if one is ready.
@@ -361,6 +464,9 @@ impl RingQueue {
             }
         }
         let _ = self.ring.submit();
+        for t in self.standby.lock().iter() {
+            t.unpark();
+        }
     }
 
     /// Runs the thread on its queue's CPU, as libfuse does: the kernel queues a request on

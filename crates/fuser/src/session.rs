@@ -337,7 +337,7 @@ impl<FS: Filesystem> Session<FS> {
                 threads.push(
                     thread::Builder::new()
                         .name(thread_name)
-                        .spawn(move || q.serve(&event_loop))?,
+                        .spawn(move || q.serve(t, &event_loop))?,
                 );
             }
         }
