@@ -751,11 +751,13 @@ pub enum Transport {
 /// entry first, so idle entries stay untouched (32 MiB of address space per CPU).
 const RING_ENTRIES: usize = 32;
 
-/// Threads serving each kernel queue. One thread would serve its CPU's requests one at a
-/// time: a slow one (hashing a large file at close, an fsync, a 1 MiB write) would hold up
-/// every later request from that CPU. With two, a second request is served while the first
-/// runs, as on /dev/fuse (whose 4 threads are shared by all CPUs); the idle one costs
-/// nothing (the kernel wakes one waiter per completion).
+/// Threads serving each kernel queue: a primary and a standby. One thread alone would
+/// serve its CPU's requests one at a time: a slow one (hashing a large file at close, an
+/// fsync) would hold up every later request from that CPU. The standby serves the queue
+/// while the primary has been stuck in one request for a millisecond or more, and costs
+/// next to nothing otherwise (it does not wait on the ring, where every completion would
+/// wake it: see `crates/fuser/src/ring.rs`). More standbys only help when several slow
+/// requests from one CPU overlap.
 const RING_THREADS: usize = 2;
 
 /// Threads and entries per ring queue: [`RING_THREADS`] and [`RING_ENTRIES`], or

@@ -14,13 +14,18 @@
 //! decoder and `dispatch`, so a `Filesystem` sees no difference; the reply path differs only
 //! in `ReplySender::Ring`.
 //!
-//! Several threads serve one queue's io_uring (`threads` per queue): each takes one
-//! completion at a time and whichever is idle waits in `io_uring_enter`, so a slow request
-//! (an fsync, hashing a large file at close) holds up only the thread serving it. Why not
-//! one io_uring per thread, each registering its share of the entries on the same queue
-//! (the kernel allows it: an entry is tied only to the command that last fetched with it)?
-//! Because the kernel hands a request to the queue's most recently freed entry, whichever
-//! io_uring that is (`fuse_uring_ent_avail` puts it at the head of `ent_avail_queue`,
+//! Each queue has a primary serving thread and `threads - 1` standby threads (same ring,
+//! same CPU). The primary takes one completion at a time and waits in `io_uring_enter`; a
+//! standby serves the queue only while the primary has been inside one request for a
+//! whole tick (a slow one: hashing a large file at close, an fsync), so that request holds
+//! up the next ones from its CPU for a tick or two, not its whole duration. Why not simply
+//! have every thread wait on the ring? A completion wakes every waiter
+//! (`__io_cqring_wake`: `__wake_up(.., 0, ..)`, no exclusive wake), so each request would
+//! wake the idle threads for nothing (it doubled `tar x`'s time). Why not one io_uring per
+//! thread, each registering its share of the entries on the same queue (the kernel allows
+//! it: an entry is tied only to the command that last fetched with it)? Because the kernel
+//! hands a request to the queue's most recently freed entry, whichever io_uring that is
+//! (`fuse_uring_ent_avail` puts it at the head of `ent_avail_queue`,
 //! `fuse_uring_queue_fuse_req` takes the first), and its completion is posted on that
 //! io_uring (`io_uring_cmd_done`): very often the one whose thread has just started the
 //! slow request, and nobody else reads it.
