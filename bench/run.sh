@@ -170,7 +170,9 @@ mkdir -p "$fs/native" "$fs/ws/.orchestration" "$fs/bws"
 # mountpoints (the same binary and policy).
 # (intentfs-nover: the same mount with the content store off, for --versions both.)
 VARIANTS=(intentfs_nover intentfs_uring intentfs_pt intentfs_upt)
-declare -A VARGS=([intentfs_nover]="" [intentfs_uring]="--transport io-uring" [intentfs_pt]="--data passthrough" [intentfs_upt]="--transport io-uring --data passthrough")
+# (The /dev/fuse ones say so: the default transport is `auto`, which takes the ring
+# whenever enable_uring is Y, as it is for the io-uring variants.)
+declare -A VARGS=([intentfs_nover]="--transport dev-fuse" [intentfs_uring]="--transport io-uring" [intentfs_pt]="--transport dev-fuse --data passthrough" [intentfs_upt]="--transport io-uring --data passthrough")
 declare -A VWS=([intentfs_nover]=$fs/wsn [intentfs_uring]=$fs/wsu [intentfs_pt]=$fs/wsp [intentfs_upt]=$fs/wsq)
 declare -A VMNT=([intentfs_nover]=$tmp/nmnt [intentfs_uring]=$tmp/umnt [intentfs_pt]=$tmp/pmnt [intentfs_upt]=$tmp/qmnt)
 declare -A VDAEMON VKEY VWHY
@@ -266,8 +268,9 @@ fi
 
 # ----- mounts ------------------------------------------------------------------------------
 
+# /dev/fuse, whatever enable_uring says (the default transport, `auto`, would take the ring).
 # shellcheck disable=SC2086 # INTENTFS_MOUNT_ARGS: extra mount options, word-split
-"$BIN" mount --intent ALL --approver deny --agent bench ${INTENTFS_MOUNT_ARGS:-} "$fs/ws" "$mnt" >"$logs/mount.out" 2>&1 ||
+"$BIN" mount --transport dev-fuse --intent ALL --approver deny --agent bench ${INTENTFS_MOUNT_ARGS:-} "$fs/ws" "$mnt" >"$logs/mount.out" 2>&1 ||
     { echo "intentfs mount failed:" >&2; cat "$logs/mount.out" >&2; exit 1; }
 # The daemon's pid: /run/intentfs/<key>/pid, key = the mountpoint without its leading '/',
 # every character but [A-Za-z0-9.-] replaced by '_' (src/cli/runtime.rs).

@@ -104,12 +104,15 @@ pub struct MountArgs {
     /// How requests travel between the kernel and the daemon: `dev-fuse` (read/write on
     /// /dev/fuse), `io-uring` (FUSE-over-io_uring: needs Linux 6.14+ with the `fuse`
     /// module's `enable_uring` set; the mount fails without it) or `auto` (io-uring when
-    /// the kernel offers it, else dev-fuse). The daemon log names the one in use.
-    /// INTENTFS_TRANSPORT sets it too (to run a whole test suite over the ring).
+    /// the kernel offers it, else dev-fuse, the log saying why). The daemon log names the
+    /// one in use. INTENTFS_TRANSPORT sets it too (to run a whole test suite over the ring).
+    /// `auto` by default: where root has not set `enable_uring` (it is off unless set)
+    /// nothing changes, and where it is set the ring serves the same operations (the whole
+    /// suite passes over it) about twice as fast for metadata.
     #[arg(
         long,
         value_enum,
-        default_value_t = Transport::DevFuse,
+        default_value_t = Transport::Auto,
         value_name = "T",
         env = "INTENTFS_TRANSPORT"
     )]
@@ -166,7 +169,7 @@ impl MountArgs {
             foreground,
             threads: 4,
             low_latency: false,
-            transport: Transport::DevFuse,
+            transport: Transport::Auto,
             data: Data::Daemon,
             log: None,
             otlp: None,

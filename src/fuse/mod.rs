@@ -742,8 +742,37 @@ pub enum Transport {
 }
 
 /// Ring entries per kernel queue (one queue per CPU): the requests a queue can hold at
-/// once, including those parked on an approval. Each has a 1 MiB payload buffer.
-const RING_ENTRIES: usize = 8;
+/// once, including those parked on an approval (a parked request keeps its entry until it
+/// is decided: FUSE answers in the entry the request came in). With 32, up to 30 requests
+/// from one CPU can wait for a human while the queue's threads still have an entry each;
+/// beyond 32 the kernel holds that CPU's further requests until a decision (or the
+/// approval timeout) frees one. Each entry has a 1 MiB payload buffer, resident only in
+/// the pages requests and replies have used: the kernel hands out the most recently freed
+/// entry first, so idle entries stay untouched (32 MiB of address space per CPU).
+const RING_ENTRIES: usize = 32;
+
+/// Threads serving each kernel queue: a primary and a standby. One thread alone would
+/// serve its CPU's requests one at a time: a slow one (hashing a large file at close, an
+/// fsync) would hold up every later request from that CPU. The standby serves the queue
+/// while the primary has been stuck in one request for a millisecond or more, and costs
+/// next to nothing otherwise (it does not wait on the ring, where every completion would
+/// wake it: see `crates/fuser/src/ring.rs`). More standbys only help when several slow
+/// requests from one CPU overlap.
+const RING_THREADS: usize = 2;
+
+/// Threads and entries per ring queue: [`RING_THREADS`] and [`RING_ENTRIES`], or
+/// `INTENTFS_RING=THREADSxENTRIES` (a measurement aid: `1x8` is the transport as it was
+/// first written, one thread and 8 entries per queue).
+fn ring_shape() -> (usize, usize) {
+    let parsed = std::env::var("INTENTFS_RING").ok().and_then(|v| {
+        let (t, e) = v.split_once('x')?;
+        Some((t.parse::<usize>().ok()?, e.parse::<usize>().ok()?))
+    });
+    match parsed {
+        Some((t, e)) if t >= 1 && e >= t => (t, e),
+        _ => (RING_THREADS, RING_ENTRIES),
+    }
+}
 
 /// How regular files' reads and writes travel (`--data`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -815,10 +844,11 @@ fn start_transport(
         return Ok(());
     }
     let why = if session.uring_negotiated() {
-        match session.start_uring(RING_ENTRIES) {
+        let (threads, entries) = ring_shape();
+        match session.start_uring(entries, threads) {
             Ok(queues) => {
                 say(format!(
-                    "io-uring ({queues} queues x {RING_ENTRIES} entries; FORGET and INTERRUPT over /dev/fuse)"
+                    "io-uring ({queues} queues x {entries} entries, {threads} threads each; FORGET and INTERRUPT over /dev/fuse)"
                 ));
                 return Ok(());
             }

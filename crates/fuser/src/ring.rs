@@ -12,13 +12,35 @@
 //!
 //! Requests are reassembled into the contiguous /dev/fuse layout and go through fuser's own
 //! decoder and `dispatch`, so a `Filesystem` sees no difference; the reply path differs only
-//! in `ReplySender::Ring`. References: the kernel's `fs/fuse/dev_uring.c` and
+//! in `ReplySender::Ring`.
+//!
+//! Each queue has a primary serving thread and `threads - 1` standby threads (same ring,
+//! same CPU). The primary takes one completion at a time and waits in `io_uring_enter`; a
+//! standby serves the queue only while the primary has been inside one request for a
+//! whole tick (a slow one: hashing a large file at close, an fsync), so that request holds
+//! up the next ones from its CPU for a tick or two, not its whole duration. Why not simply
+//! have every thread wait on the ring? A completion wakes every waiter
+//! (`__io_cqring_wake`: `__wake_up(.., 0, ..)`, no exclusive wake), so each request would
+//! wake the idle threads for nothing (it doubled `tar x`'s time). Why not one io_uring per
+//! thread, each registering its share of the entries on the same queue (the kernel allows
+//! it: an entry is tied only to the command that last fetched with it)? Because the kernel
+//! hands a request to the queue's most recently freed entry, whichever io_uring that is
+//! (`fuse_uring_ent_avail` puts it at the head of `ent_avail_queue`,
+//! `fuse_uring_queue_fuse_req` takes the first), and its completion is posted on that
+//! io_uring (`io_uring_cmd_done`): very often the one whose thread has just started the
+//! slow request, and nobody else reads it.
+//!
+//! References: the kernel's `fs/fuse/dev_uring.c` and
 //! `include/uapi/linux/fuse.h`, libfuse 3.18 `lib/fuse_uring.c`.
 
 use std::cell::Cell;
 use std::cell::UnsafeCell;
 use std::fmt;
 use std::io;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 use std::io::IoSlice;
 use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
@@ -48,6 +70,14 @@ const FUSE_IO_URING_CMD_COMMIT_AND_FETCH: u32 = 2;
 /// `FUSE_URING_IOV_SEGS`: the header and the payload buffer.
 const IOV_SEGS: u32 = 2;
 const IN_HEADER: usize = size_of::<abi::fuse_in_header>();
+/// `user_data` of the NOPs that wake a queue's threads when it closes (entries use indices).
+const WAKE: u64 = u64::MAX;
+/// How often a standby thread looks at its queue's primary while requests flow: a request
+/// waits at most about two of these behind a slow one.
+const TICK: Duration = Duration::from_millis(1);
+/// Quiet ticks after which a standby thread parks until the next request (no wake-ups on
+/// an idle mount).
+const QUIET_TICKS: u32 = 50;
 const OUT_HEADER: usize = size_of::<abi::fuse_out_header>();
 
 /// `struct fuse_uring_ent_in_out`.
@@ -91,22 +121,36 @@ struct Entry {
     iov: Box<[libc::iovec; 2]>,
 }
 
-/// One kernel queue: its own io_uring, its entries, one serving thread.
+/// One kernel queue: its own io_uring, its entries, `threads` serving threads.
 pub(crate) struct RingQueue {
     qid: u16,
     ring: IoUring<squeue::Entry128, cqueue::Entry>,
-    /// Pushes to the submission queue come from the serving thread and from replies sent
+    /// Pushes to the submission queue come from the serving threads and from replies sent
     /// later by other threads (a parked approval): one at a time.
     sq_lock: Mutex<()>,
+    /// The serving threads take completions one at a time, under this lock.
+    cq_lock: Mutex<()>,
     entries: Vec<Entry>,
+    /// How many threads serve this queue (`run` starts them).
+    pub(crate) threads: usize,
     dev: Channel,
     /// Completions seen while checking the registrations: served first.
     early: Mutex<Vec<(u64, i32)>>,
+    /// Set by the first serving thread to stop (unmount, DESTROY, an error); the others
+    /// stop at their next completion (the one that sets it posts one for each) or wake.
+    closed: AtomicBool,
+    /// Requests the primary thread has started, and whether it is running one now: what
+    /// the standby threads watch.
+    started: AtomicU64,
+    busy: AtomicBool,
+    /// Standby threads parked after a quiet spell, unparked by the next request.
+    standby: Mutex<Vec<std::thread::Thread>>,
+    standby_parked: AtomicBool,
 }
 
 // SAFETY: the entries' buffers are shared with the kernel and handed from the serving thread
-// to the reply by the protocol above (never two writers at once); the submission queue is
-// behind `sq_lock` and the completion queue is read by the serving thread only.
+// that took the entry's completion to the reply by the protocol above (never two writers at
+// once); the submission queue is behind `sq_lock`, the completion queue behind `cq_lock`.
 unsafe impl Sync for RingQueue {}
 // SAFETY: as above; nothing is tied to the creating thread.
 unsafe impl Send for RingQueue {}
@@ -137,18 +181,21 @@ fn possible_cpus() -> io::Result<usize> {
 }
 
 /// Registers `entries` entries on every queue of the connection behind `dev`, each with a
-/// payload buffer of `payload` bytes. An error means the kernel refused (the caller keeps
-/// serving over /dev/fuse, which the kernel uses until every queue has an entry).
+/// payload buffer of `payload` bytes, to be served by `threads` threads per queue. An error
+/// means the kernel refused (the caller keeps serving over /dev/fuse, which the kernel uses
+/// until every queue has an entry).
 pub(crate) fn register(
     dev: &Channel,
     entries: usize,
+    threads: usize,
     payload: usize,
 ) -> io::Result<Vec<Arc<RingQueue>>> {
     let nq = possible_cpus()?;
     let mut queues = Vec::with_capacity(nq);
     for qid in 0..nq {
+        // Room for every entry's command plus the closing NOPs, twice over.
         let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
-            .build((entries as u32 * 2).next_power_of_two())?;
+            .build(((entries + threads) as u32 * 2).next_power_of_two())?;
         let mut ents = Vec::with_capacity(entries);
         for _ in 0..entries {
             let header = Box::new(UnsafeCell::new(Header {
@@ -182,9 +229,16 @@ pub(crate) fn register(
             qid: qid as u16,
             ring,
             sq_lock: Mutex::new(()),
+            cq_lock: Mutex::new(()),
             entries: ents,
+            threads: threads.max(1),
             dev: dev.clone(),
             early: Mutex::new(Vec::new()),
+            closed: AtomicBool::new(false),
+            started: AtomicU64::new(0),
+            busy: AtomicBool::new(false),
+            standby: Mutex::new(Vec::new()),
+            standby_parked: AtomicBool::new(false),
         });
         for (i, e) in q.entries.iter().enumerate() {
             let sqe = opcode::UringCmd80::new(
@@ -237,40 +291,186 @@ impl RingQueue {
         Ok(())
     }
 
-    /// Serves the queue's requests with `se` until the connection ends.
+    /// Serving thread `t` of the queue: the primary (`t == 0`) serves requests with `se`
+    /// until the connection ends or the queue stops; the others stand by (see
+    /// [`RingQueue::stand_by`]). On its way out each wakes the others so they stop too.
     pub(crate) fn serve<FS: Filesystem>(
         self: &Arc<Self>,
+        t: usize,
         se: &SessionEventLoop<FS>,
     ) -> io::Result<()> {
         SERVING.with(|s| s.set(Arc::as_ptr(self)));
         self.pin();
-        // 8-byte aligned, as fuser's decoder wants `fuse_in_header`.
         let mut buf: Vec<u64> = Vec::new();
-        let mut done = std::mem::take(&mut *self.early.lock());
+        let r = if t == 0 {
+            self.serve_loop(&mut buf, se, None).map(|_| ())
+        } else {
+            self.standby.lock().push(std::thread::current());
+            self.stand_by(&mut buf, se)
+        };
+        self.close();
+        r
+    }
+
+    /// Takes and serves completions; waits on the ring when there are none. The primary
+    /// (`stuck` is `None`) returns only when the queue closes (`Ok(false)`); a standby
+    /// thread, standing in while the primary is inside its request number `stuck`, returns
+    /// `Ok(true)` once nothing waits and the primary has left that request.
+    fn serve_loop<FS: Filesystem>(
+        self: &Arc<Self>,
+        buf: &mut Vec<u64>,
+        se: &SessionEventLoop<FS>,
+        stuck: Option<u64>,
+    ) -> io::Result<bool> {
+        let primary = stuck.is_none();
         loop {
-            for (idx, res) in done.drain(..) {
-                if res < 0 {
-                    // ENOTCONN: the connection was aborted (unmount); ECANCELED: the ring
-                    // was torn down.
-                    if res == -libc::ENOTCONN || res == -libc::ECANCELED || res == -libc::ENODEV {
-                        debug!("ring queue {}: closed ({res})", self.qid);
-                        return Ok(());
-                    }
-                    error!("ring queue {}: entry {idx} failed: {res}", self.qid);
-                    return Err(io::Error::from_raw_os_error(-res));
+            if self.closed.load(Ordering::Acquire) {
+                return Ok(false);
+            }
+            // One completion at a time: a thread that took two and started a slow request
+            // with the first would hold up the second.
+            let Some((idx, res)) = self.take() else {
+                if stuck.is_some_and(|n| !self.primary_inside(n)) {
+                    // Back to watching; what this thread's replies pushed goes now.
+                    self.submit_pending()?;
+                    return Ok(true);
                 }
-                if !self.handle(idx as usize, &mut buf, se) {
+                // Nothing to serve: submit what this thread's replies pushed and wait.
+                match self.ring.submit_and_wait(1) {
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                    Err(e) => return Err(e),
+                }
+                continue;
+            };
+            if idx == WAKE {
+                continue;
+            }
+            // The previous request's reply (pushed, not yet submitted when another
+            // completion was waiting) goes to the kernel before this request runs, which
+            // may take long.
+            self.submit_pending()?;
+            if res < 0 {
+                // ENOTCONN: the connection was aborted (unmount); ECANCELED: the ring was
+                // torn down.
+                if res == -libc::ENOTCONN || res == -libc::ECANCELED || res == -libc::ENODEV {
+                    debug!("ring queue {}: closed ({res})", self.qid);
+                    return Ok(false);
+                }
+                error!("ring queue {}: entry {idx} failed: {res}", self.qid);
+                return Err(io::Error::from_raw_os_error(-res));
+            }
+            if primary {
+                self.started.fetch_add(1, Ordering::SeqCst);
+                self.busy.store(true, Ordering::SeqCst);
+                if self.standby_parked.swap(false, Ordering::SeqCst) {
+                    for t in self.standby.lock().iter() {
+                        t.unpark();
+                    }
+                }
+            }
+            let more = self.handle(idx as usize, buf, se);
+            if primary {
+                self.busy.store(false, Ordering::SeqCst);
+            }
+            if !more {
+                return Ok(false);
+            }
+        }
+    }
+
+    /// A standby thread: while requests flow, it looks at the primary every [`TICK`]; when
+    /// the primary has been inside one request for a whole tick (a slow one: hashing a
+    /// large file, an fsync), it serves the queue's completions itself until the primary
+    /// is free again. So a slow request holds up the next ones from its CPU by at most
+    /// about two ticks, and the fast path costs nothing: completions wake every thread
+    /// waiting on the ring (`__io_cqring_wake` wakes all waiters whose wait is satisfied),
+    /// so a second thread always waiting there would add a wake-up to every request (it
+    /// doubled `tar x`'s time). After [`QUIET_TICKS`] quiet ticks it parks until the
+    /// primary's next request.
+    fn stand_by<FS: Filesystem>(
+        self: &Arc<Self>,
+        buf: &mut Vec<u64>,
+        se: &SessionEventLoop<FS>,
+    ) -> io::Result<()> {
+        let mut quiet = 0u32;
+        loop {
+            if self.closed.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            let seen = self.started.load(Ordering::SeqCst);
+            if quiet >= QUIET_TICKS {
+                // SeqCst with the primary's increment then swap: either it sees the flag
+                // and unparks (a token `park` consumes), or this sees its increment.
+                self.standby_parked.store(true, Ordering::SeqCst);
+                if self.started.load(Ordering::SeqCst) == seen
+                    && !self.closed.load(Ordering::Acquire)
+                {
+                    std::thread::park();
+                }
+                self.standby_parked.store(false, Ordering::SeqCst);
+                quiet = 0;
+                continue;
+            }
+            std::thread::sleep(TICK);
+            let now = self.started.load(Ordering::SeqCst);
+            if now == seen && self.primary_inside(now) {
+                quiet = 0;
+                if !self.serve_loop(buf, se, Some(now))? {
                     return Ok(());
                 }
+            } else if now == seen {
+                quiet += 1;
+            } else {
+                quiet = 0;
             }
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                Err(e) => return Err(e),
+        }
+    }
+
+    /// Whether the primary is still inside its request number `n`.
+    fn primary_inside(&self, n: u64) -> bool {
+        self.busy.load(Ordering::SeqCst) && self.started.load(Ordering::SeqCst) == n
+    }
+
+    /// The next completion (`user_data`, result), if one is ready.
+    fn take(&self) -> Option<(u64, i32)> {
+        if let Some(c) = self.early.lock().pop() {
+            return Some(c);
+        }
+        let _g = self.cq_lock.lock();
+        // SAFETY: completions are taken under `cq_lock`, one reader at a time.
+        let mut cq = unsafe { self.ring.completion_shared() };
+        cq.next().map(|c| (c.user_data(), c.result()))
+    }
+
+    /// Submits what is in the submission queue, if anything.
+    fn submit_pending(&self) -> io::Result<()> {
+        let pending = {
+            let _g = self.sq_lock.lock();
+            // SAFETY: under `sq_lock`, as every push.
+            !unsafe { self.ring.submission_shared() }.is_empty()
+        };
+        if pending {
+            self.ring.submit()?;
+        }
+        Ok(())
+    }
+
+    /// Stops the queue: the first caller posts one NOP per serving thread, so that each
+    /// thread waiting for a completion wakes, sees `closed` and returns.
+    fn close(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        for _ in 0..self.threads {
+            let nop = squeue::Entry128::from(opcode::Nop::new().build().user_data(WAKE));
+            if self.push(nop).is_err() {
+                break;
             }
-            // SAFETY: the serving thread is the only reader of its completion queue.
-            let cq = unsafe { self.ring.completion_shared() };
-            done.extend(cq.map(|c| (c.user_data(), c.result())));
+        }
+        let _ = self.ring.submit();
+        for t in self.standby.lock().iter() {
+            t.unpark();
         }
     }
 

@@ -321,22 +321,25 @@ impl<FS: Filesystem> Session<FS> {
             );
         }
 
-        // intentfs: one thread per io_uring queue, beside the /dev/fuse ones (FORGET and
-        // INTERRUPT keep coming over /dev/fuse).
+        // intentfs: `threads` threads per io_uring queue, beside the /dev/fuse ones (FORGET
+        // and INTERRUPT keep coming over /dev/fuse).
         for (i, q) in rings.into_iter().enumerate() {
-            let thread_name = format!("fuser-ring-{i}");
-            let event_loop = SessionEventLoop {
-                thread_name: thread_name.clone(),
-                filesystem: filesystem.clone(),
-                ch: ch_for_rings.clone(),
-                allowed,
-                session_owner,
-            };
-            threads.push(
-                thread::Builder::new()
-                    .name(thread_name)
-                    .spawn(move || q.serve(&event_loop))?,
-            );
+            for t in 0..q.threads {
+                let thread_name = format!("fuser-ring-{i}-{t}");
+                let event_loop = SessionEventLoop {
+                    thread_name: thread_name.clone(),
+                    filesystem: filesystem.clone(),
+                    ch: ch_for_rings.clone(),
+                    allowed,
+                    session_owner,
+                };
+                let q = q.clone();
+                threads.push(
+                    thread::Builder::new()
+                        .name(thread_name)
+                        .spawn(move || q.serve(t, &event_loop))?,
+                );
+            }
         }
 
         let mut reply: io::Result<()> = Ok(());
@@ -519,10 +522,10 @@ impl<FS: Filesystem> Session<FS> {
     }
 
     /// intentfs: registers `entries` FUSE-over-io_uring entries on each kernel queue
-    /// (one per possible CPU); `run` then serves them. Returns the number of queues. On an
-    /// error nothing is served over the ring and the session stays on /dev/fuse (the
-    /// kernel uses the ring only once every queue has an entry).
-    pub fn start_uring(&mut self, entries: usize) -> io::Result<usize> {
+    /// (one per possible CPU); `run` then serves each queue with `threads` threads. Returns
+    /// the number of queues. On an error nothing is served over the ring and the session
+    /// stays on /dev/fuse (the kernel uses the ring only once every queue has an entry).
+    pub fn start_uring(&mut self, entries: usize, threads: usize) -> io::Result<usize> {
         if !self.uring_negotiated() {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -531,7 +534,7 @@ impl<FS: Filesystem> Session<FS> {
         }
         // The kernel wants a payload buffer of at least max(max_write, max_pages pages).
         let payload = self.max_payload.max(page_size::get() * 32) + page_size::get();
-        self.rings = crate::ring::register(&self.ch, entries.max(1), payload)?;
+        self.rings = crate::ring::register(&self.ch, entries.max(1), threads.max(1), payload)?;
         Ok(self.rings.len())
     }
 
