@@ -544,6 +544,92 @@ fn ten_prompts_pending_while_other_work_stays_fast() {
     assert!(pending(&tm).is_empty());
 }
 
+/// An agent that asks question after question: past `MAX_PENDING_PER_IDENTITY` (16)
+/// waiting at once, the next is refused at once (`APPROVALS_PENDING`) and never reaches
+/// the human; the waiting ones are unaffected and land when approved. (Over
+/// FUSE-over-io_uring every waiting request holds a ring entry of its CPU: without the
+/// limit one agent could stall that CPU's requests for every agent.)
+#[test]
+fn an_agent_cannot_park_more_than_sixteen_questions() {
+    const LIMIT: usize = 16;
+    // Existing files: creating in one directory would wait on its lock behind the first
+    // question (docs/approvals.md, known limit), so only one would ever be asked.
+    let files: Vec<(String, String)> = (0..=LIMIT)
+        .map(|i| (format!("docs/n{i}.md"), "old\n".to_string()))
+        .chain([("src/x".to_string(), "keep\n".to_string())])
+        .collect();
+    let files: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(p, c)| (p.as_str(), c.as_str()))
+        .collect();
+    let tm = TestMount::builder()
+        .policy(&policy(120))
+        .intent("INT-001")
+        .agent("tester")
+        .files(&files)
+        .arg("--approver")
+        .arg("cli")
+        .mount();
+    let mut agents: Vec<Agent> = (0..LIMIT)
+        .map(|i| agent(&tm, &format!("echo new{i} > docs/n{i}.md")))
+        .collect();
+    let mut listed = Vec::new();
+    let all = wait_until(Duration::from_secs(30), || {
+        listed = pending(&tm);
+        listed.len() == LIMIT
+    });
+    assert!(all, "expected {LIMIT} pending requests, got {listed:#?}");
+
+    // One more: refused at once, not asked.
+    let mut extra = agent(&tm, &format!("echo over > docs/n{LIMIT}.md"));
+    extra
+        .wait(ANSWERED)
+        .assert_eacces("the question past the limit");
+    assert_eq!(last_error_code(&tm), "APPROVALS_PENDING");
+    let msg = tm.last_error()["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(msg.contains("16 of this agent's questions"), "{msg}");
+    let over = format!("docs/n{LIMIT}.md");
+    assert_eq!(tm.ws_bytes(&over), b"old\n", "the refused write landed");
+    let e = nth_approval(&tm, &over, 0);
+    assert_eq!(e["outcome"], "rejected", "{e:#}");
+    assert_eq!(e["code"], "SCOPE_VIOLATION", "what was to be asked: {e:#}");
+    assert!(
+        e["detail"]["decided_by"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("limit: 16 of this agent's questions")),
+        "{e:#}"
+    );
+    let denial = tm
+        .ledger()
+        .into_iter()
+        .find(|e| e["mutation_type"] == "DENIAL" && e["path"] == over.as_str())
+        .unwrap_or_else(|| panic!("no DENIAL entry for {over}: {:#?}", tm.ledger()));
+    assert_eq!(denial["code"], "APPROVALS_PENDING", "{denial:#}");
+    assert_eq!(pending(&tm).len(), LIMIT, "the human saw no 17th question");
+
+    // The waiting ones still land once approved, and then there is room again.
+    for p in &listed {
+        approve(&tm, p, None);
+    }
+    for (i, a) in agents.iter_mut().enumerate() {
+        a.wait(ANSWERED).assert_ok(&format!("agent {i}"));
+        assert_eq!(
+            tm.ws_bytes(&format!("docs/n{i}.md")),
+            format!("new{i}\n").as_bytes()
+        );
+    }
+    let mut again = agent(&tm, &format!("echo later > {over}"));
+    let p = wait_pending(&tm, &over);
+    approve(&tm, &p, None);
+    again
+        .wait(ANSWERED)
+        .assert_ok("a question once the others were answered");
+    assert_eq!(tm.ws_bytes(&over), b"later\n");
+}
+
 // ----- 4. who may decide ----------------------------------------------------------
 
 /// The mount's runtime directory as the mounting user (root) sees it

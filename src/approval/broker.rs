@@ -68,6 +68,18 @@ pub(crate) struct Inner {
 }
 
 /// What `Inner::state` guards.
+/// Questions one identity may have waiting for a human at once; the next is refused at
+/// once (`APPROVALS_PENDING`) without asking. An agent that parks question after question
+/// would otherwise flood the human, and over FUSE-over-io_uring each waiting request holds
+/// one of its CPU's ring entries (32, `src/fuse/mod.rs`): enough of them would stall every
+/// agent's requests from that CPU until the questions time out.
+pub const MAX_PENDING_PER_IDENTITY: usize = 16;
+/// Questions waiting at once from all identities (below a ring queue's 30 spare entries,
+/// so waiting questions alone never stall a CPU's requests).
+pub const MAX_PENDING: usize = 24;
+/// How a refusal by the limits above names its decider (`by`).
+pub const LIMIT_PREFIX: &str = "limit: ";
+
 struct State {
     /// Pending requests by id.
     pending: BTreeMap<u64, Pending>,
@@ -267,6 +279,30 @@ impl Inner {
                 drop(st);
                 on(Decision::Rejected {
                     by: "unmount".into(),
+                });
+                return id;
+            }
+            let mine = st
+                .pending
+                .values()
+                .filter(|p| p.ask.identity == ask.identity)
+                .count();
+            if mine >= MAX_PENDING_PER_IDENTITY || st.pending.len() >= MAX_PENDING {
+                let total = st.pending.len();
+                drop(st);
+                tracing::warn!(
+                    id,
+                    identity = %ask.identity,
+                    path = %ask.path.display(),
+                    waiting = mine,
+                    total,
+                    "approval not asked: too many questions already wait"
+                );
+                on(Decision::Rejected {
+                    by: format!(
+                        "{LIMIT_PREFIX}{mine} of this agent's questions ({total} in all) already wait for a human \
+                         (at most {MAX_PENDING_PER_IDENTITY} per agent, {MAX_PENDING} in all)"
+                    ),
                 });
                 return id;
             }

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use broker::Broker;
+pub use broker::{Broker, LIMIT_PREFIX, MAX_PENDING, MAX_PENDING_PER_IDENTITY};
 pub use desktop::desktop_available;
 pub use scope_updates::{record_scope_update, SCOPE_UPDATES_FILE};
 pub use socket::peer_cred;

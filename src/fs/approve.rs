@@ -216,6 +216,24 @@ impl Gate {
                 }
                 Ok(None)
             }
+            Answer::Rejected { by } if by.starts_with(crate::approval::LIMIT_PREFIX) => {
+                let d = Denial::new(
+                    Code::ApprovalsPending,
+                    spec.op,
+                    &spec.rel,
+                    spec.ident.intent().as_deref(),
+                    format!(
+                        "not asked: {} ({})",
+                        &by[crate::approval::LIMIT_PREFIX.len()..],
+                        spec.denial.message
+                    ),
+                    "Your earlier questions still wait for a human: wait for their answers (each blocked \
+                     operation returns when decided) before asking more, and continue with work inside your scope."
+                        .into(),
+                )
+                .with_rule(spec.denial.rule.clone());
+                Err(self.deny(&spec.ident, &spec.caller, d))
+            }
             Answer::Rejected { by } if by.starts_with("approver:") => {
                 // Unattended refusal: the original reason stands.
                 Err(self.deny(&spec.ident, &spec.caller, spec.denial))

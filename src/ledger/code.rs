@@ -31,6 +31,9 @@ pub enum Code {
     /// files open for writing (their writes were authorized under the old intent and no
     /// longer reach the daemon to be re-checked).
     WritesOpen,
+    /// A question for a human not asked: too many of this agent's (or of all agents')
+    /// questions already wait (see `approval::broker::MAX_PENDING_PER_IDENTITY`).
+    ApprovalsPending,
 }
 
 impl Code {
@@ -48,6 +51,7 @@ impl Code {
             Code::LedgerUnwritable => "LEDGER_UNWRITABLE",
             Code::WriteLeased => "WRITE_LEASED",
             Code::WritesOpen => "WRITES_OPEN",
+            Code::ApprovalsPending => "APPROVALS_PENDING",
         }
     }
 }
