@@ -267,6 +267,21 @@ fn assert_decision(e: &Value, outcome: &str, by: &str, grant: Option<&str>) {
     assert!(e["timestamp"].is_string(), "when: {e:#}");
 }
 
+/// Approves every listed question, then waits for agent `i` (which wrote `new{i}` to
+/// `docs/{stem}{i}.md`) to end well with its write landed.
+fn approve_all_landing(tm: &TestMount, listed: &[Value], agents: &mut [Agent], stem: &str) {
+    for p in listed {
+        approve(tm, p, None);
+    }
+    for (i, a) in agents.iter_mut().enumerate() {
+        a.wait(ANSWERED).assert_ok(&format!("agent {i}"));
+        assert_eq!(
+            tm.ws_bytes(&format!("docs/{stem}{i}.md")),
+            format!("new{i}\n").as_bytes()
+        );
+    }
+}
+
 fn last_error_code(tm: &TestMount) -> String {
     tm.last_error()["code"].as_str().unwrap_or("").to_string()
 }
@@ -531,16 +546,7 @@ fn ten_prompts_pending_while_other_work_stays_fast() {
     assert_eq!(pending(&tm).len(), 10, "the prompts are still waiting");
     assert!(agents.iter_mut().all(|a| a.running()));
 
-    for p in &listed {
-        approve(&tm, p, None);
-    }
-    for (i, a) in agents.iter_mut().enumerate() {
-        a.wait(ANSWERED).assert_ok(&format!("agent {i}"));
-        assert_eq!(
-            tm.ws_bytes(&format!("docs/f{i}.md")),
-            format!("new{i}\n").as_bytes()
-        );
-    }
+    approve_all_landing(&tm, &listed, &mut agents, "f");
     assert!(pending(&tm).is_empty());
 }
 
@@ -554,19 +560,14 @@ fn an_agent_cannot_park_more_than_sixteen_questions() {
     const LIMIT: usize = 16;
     // Existing files: creating in one directory would wait on its lock behind the first
     // question (docs/approvals.md, known limit), so only one would ever be asked.
-    let files: Vec<(String, String)> = (0..=LIMIT)
-        .map(|i| (format!("docs/n{i}.md"), "old\n".to_string()))
-        .chain([("src/x".to_string(), "keep\n".to_string())])
-        .collect();
-    let files: Vec<(&str, &str)> = files
-        .iter()
-        .map(|(p, c)| (p.as_str(), c.as_str()))
-        .collect();
-    let tm = TestMount::builder()
+    let b = (0..=LIMIT).fold(TestMount::builder(), |b, i| {
+        b.file(&format!("docs/n{i}.md"), "old\n")
+    });
+    let tm = b
+        .file("src/x", "keep\n")
         .policy(&policy(120))
         .intent("INT-001")
         .agent("tester")
-        .files(&files)
         .arg("--approver")
         .arg("cli")
         .mount();
@@ -611,16 +612,7 @@ fn an_agent_cannot_park_more_than_sixteen_questions() {
     assert_eq!(pending(&tm).len(), LIMIT, "the human saw no 17th question");
 
     // The waiting ones still land once approved, and then there is room again.
-    for p in &listed {
-        approve(&tm, p, None);
-    }
-    for (i, a) in agents.iter_mut().enumerate() {
-        a.wait(ANSWERED).assert_ok(&format!("agent {i}"));
-        assert_eq!(
-            tm.ws_bytes(&format!("docs/n{i}.md")),
-            format!("new{i}\n").as_bytes()
-        );
-    }
+    approve_all_landing(&tm, &listed, &mut agents, "n");
     let mut again = agent(&tm, &format!("echo later > {over}"));
     let p = wait_pending(&tm, &over);
     approve(&tm, &p, None);

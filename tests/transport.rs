@@ -335,20 +335,14 @@ fn parked_approvals_on_one_cpu_leave_its_queue_serving() {
     let Some(_param) = UringParam::set(true) else {
         return;
     };
-    let files: Vec<(String, String)> = (0..PARKED)
-        .map(|i| (format!("docs/f{i}.md"), "old\n".to_string()))
-        .chain([("src/x".to_string(), "keep\n".to_string())])
-        .collect();
-    let files: Vec<(&str, &str)> = files
-        .iter()
-        .map(|(p, c)| (p.as_str(), c.as_str()))
-        .collect();
+    let b = (0..PARKED).fold(TestMount::builder(), |b, i| {
+        b.file(&format!("docs/f{i}.md"), "old\n")
+    });
     let tm = ring_mount(
-        TestMount::builder()
+        b.file("src/x", "keep\n")
             .policy(ASKING)
             .intent("INT-001")
             .agent("tester")
-            .files(&files)
             .arg("--approver")
             .arg("cli"),
     );

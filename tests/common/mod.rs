@@ -195,6 +195,12 @@ impl Builder {
         }
         self
     }
+    /// One more workspace file (for lists built in a loop).
+    pub fn file(mut self, path: &str, content: &str) -> Self {
+        self.files
+            .push((path.to_string(), content.as_bytes().to_vec()));
+        self
+    }
     /// Arbitrary workspace preparation, run after the files are written.
     pub fn setup(mut self, f: impl FnOnce(&Path) + 'static) -> Self {
         self.setup.push(Box::new(f));
