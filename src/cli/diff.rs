@@ -6,7 +6,6 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use chrono::Utc;
 
 use crate::ledger::reader::Filter;
@@ -69,8 +68,7 @@ pub fn run(a: DiffArgs) -> anyhow::Result<ExitCode> {
     };
     let (ws, ledger, _) = super::ledger::resolve(ws, a.ledger.clone())?;
     let store = super::restore::open_store(&ws, &ledger, a.store.as_deref())?;
-    let entries = crate::ledger::read_entries(&ledger)
-        .with_context(|| format!("cannot read {:?}", ledger.display().to_string()))?;
+    let entries = super::ledger::read_ledger(&ledger)?;
     let now = Utc::now();
     let since = a
         .since

@@ -131,6 +131,12 @@ pub fn resolve(
     Ok((ws, ledger, explicit))
 }
 
+/// Every entry of the ledger at `ledger` (line number, entry), or an error naming the file.
+pub fn read_ledger(ledger: &Path) -> anyhow::Result<Vec<(u64, crate::ledger::Entry)>> {
+    crate::ledger::read_entries(ledger)
+        .with_context(|| format!("cannot read {:?}", ledger.display().to_string()))
+}
+
 /// Runs `intentfs ledger ...`.
 pub fn run(args: LedgerArgs) -> anyhow::Result<ExitCode> {
     match args.command {

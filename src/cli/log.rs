@@ -10,7 +10,7 @@ use anyhow::Context;
 use chrono::{DateTime, Utc};
 
 use crate::ledger::entry::{Entry, MutationType};
-use crate::ledger::reader::{read_entries, Filter};
+use crate::ledger::reader::Filter;
 
 /// `intentfs log [WORKSPACE] [filters] [--json]`
 #[derive(Debug, clap::Args)]
@@ -149,8 +149,7 @@ pub fn table(entries: &[(u64, Entry)]) -> String {
 pub fn run(a: LogArgs) -> anyhow::Result<ExitCode> {
     let filter = filter_of(&a, Utc::now())?;
     let (_, ledger, _) = super::ledger::resolve(a.workspace.clone(), a.ledger.clone())?;
-    let entries: Vec<(u64, Entry)> = read_entries(&ledger)
-        .with_context(|| format!("cannot read {:?}", ledger.display().to_string()))?
+    let entries: Vec<(u64, Entry)> = super::ledger::read_ledger(&ledger)?
         .into_iter()
         .filter(|(_, e)| filter.matches(e))
         .collect();

@@ -10,7 +10,7 @@ use std::process::{Command, ExitCode, Stdio};
 use anyhow::{anyhow, bail, Context};
 
 use crate::ledger::commits::{attribute_commits, note_text, record, CommitInfo, FileDiff};
-use crate::ledger::{changed_ranges, read_entries, sha256_bytes};
+use crate::ledger::{changed_ranges, sha256_bytes};
 
 /// `intentfs notes [--ref REF] [--ledger FILE] [--json] [REV-RANGE] [WORKSPACE]`
 #[derive(Debug, clap::Args)]
@@ -165,8 +165,7 @@ pub fn run(a: NotesArgs) -> anyhow::Result<ExitCode> {
         )
     })?;
     let top = PathBuf::from(top.trim());
-    let entries = read_entries(&ledger)
-        .with_context(|| format!("cannot read {:?}", ledger.display().to_string()))?;
+    let entries = super::ledger::read_ledger(&ledger)?;
     // Paths in the ledger are relative to the workspace; git's to the repository's top.
     let prefix = ws
         .canonicalize()

@@ -43,8 +43,7 @@ pub struct ReportArgs {
 pub fn run(a: ReportArgs) -> anyhow::Result<ExitCode> {
     let (ws, ledger, _) = super::ledger::resolve(a.workspace.clone(), a.ledger.clone())?;
     let store = super::restore::open_store(&ws, &ledger, a.store.as_deref())?;
-    let entries = crate::ledger::read_entries(&ledger)
-        .with_context(|| format!("cannot read {:?}", ledger.display().to_string()))?;
+    let entries = super::ledger::read_ledger(&ledger)?;
     let chain = verify_chain(&ledger)
         .with_context(|| format!("cannot verify {:?}", ledger.display().to_string()))?;
     let drift = verify_drift(&ledger, &ws)

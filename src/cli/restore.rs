@@ -161,11 +161,15 @@ fn execute(
     common: &Common,
 ) -> anyhow::Result<Report> {
     let store = open_store(ws, ledger, common.store.as_deref())?;
+    // Planned here for a dry run, and for a run on an unmounted workspace (a mounted one
+    // is planned by its daemon).
+    let plan_here = |req: &RestoreRequest| -> anyhow::Result<_> {
+        let entries = super::ledger::read_ledger(ledger)?;
+        crate::versions::plan_request(&entries, req, store.as_ref())
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    };
     if common.dry_run {
-        let entries = crate::ledger::read_entries(ledger)
-            .with_context(|| format!("cannot read {:?}", ledger.display().to_string()))?;
-        let plan = crate::versions::plan_request(&entries, &req, store.as_ref())
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let plan = plan_here(&req)?;
         let disk = Disk::open(ws).with_context(|| ws.display().to_string())?;
         let mut sim = Sim::new(&disk);
         let mut report = apply(&plan, &mut sim, store.as_ref(), req.force, &mut |_| Ok(()));
@@ -186,10 +190,7 @@ fn execute(
             .ok_or_else(|| anyhow::anyhow!("the daemon answered without a report"))?;
         return serde_json::from_value(v).context("the daemon's report");
     }
-    let entries = crate::ledger::read_entries(ledger)
-        .with_context(|| format!("cannot read {:?}", ledger.display().to_string()))?;
-    let plan = crate::versions::plan_request(&entries, &req, store.as_ref())
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let plan = plan_here(&req)?;
     let (l, _) = crate::ledger::Ledger::open(ledger, crate::ledger::LedgerOptions::default())
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut disk = Disk::open(ws).with_context(|| ws.display().to_string())?;

@@ -6,11 +6,10 @@
 //! The gate knows nothing of inodes, handles or file descriptors: everything it decides is
 //! over an identity, an operation and workspace-relative paths.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::approve::{Approver, AskSpec};
 use super::{temps, Caller, FsError, Result};
@@ -61,7 +60,7 @@ pub struct Gate {
     pub bursts: super::output::Bursts,
     pub counters: GateCounters,
     /// Process names by pid, briefly (see [`Gate::process_name`]).
-    names: parking_lot::Mutex<HashMap<u32, (Instant, String)>>,
+    names: crate::guard::identity::RecentByPid<String>,
 }
 
 /// How long a process name is reused: a burst of requests from one process (`tar x` sends
@@ -82,25 +81,15 @@ impl Gate {
             temps: temps::Temps::default(),
             bursts: super::output::Bursts::default(),
             counters: GateCounters::default(),
-            names: parking_lot::Mutex::new(HashMap::new()),
+            names: crate::guard::identity::RecentByPid::new(NAME_TTL),
         }
     }
 
     /// The name of process `pid`, read at most every [`NAME_TTL`].
     fn process_name(&self, pid: u32) -> String {
-        let now = Instant::now();
-        if let Some((at, name)) = self.names.lock().get(&pid) {
-            if now.duration_since(*at) < NAME_TTL {
-                return name.clone();
-            }
-        }
-        let name = crate::guard::identity::proc_name(pid);
-        let mut names = self.names.lock();
-        if names.len() >= 1024 {
-            names.retain(|_, (at, _)| now.duration_since(*at) < NAME_TTL);
-        }
-        names.insert(pid, (now, name.clone()));
-        name
+        self.names
+            .get_or(pid, || Some(crate::guard::identity::proc_name(pid)))
+            .unwrap_or_default()
     }
 
     /// Refuse: remember it for the identity, count it, ledger it, and answer `EACCES`.

@@ -485,6 +485,42 @@ pub fn tgid(tid: u32) -> Option<u32> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// What `/proc` said about a pid, remembered for a short while: `/proc/<pid>/...` files
+/// are generated in full for every read, and a burst of requests from one process asks
+/// the same thing again and again.
+pub struct RecentByPid<V> {
+    ttl: Duration,
+    seen: Mutex<HashMap<u32, (Instant, V)>>,
+}
+
+impl<V: Clone> RecentByPid<V> {
+    pub fn new(ttl: Duration) -> RecentByPid<V> {
+        RecentByPid {
+            ttl,
+            seen: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The value for `pid` remembered less than the TTL ago, else `read()`'s, remembered
+    /// when it has one (a thousand pids at most before the expired ones are dropped).
+    pub fn get_or(&self, pid: u32, read: impl FnOnce() -> Option<V>) -> Option<V> {
+        let now = Instant::now();
+        if let Some((at, v)) = self.seen.lock().get(&pid) {
+            if now.duration_since(*at) < self.ttl {
+                return Some(v.clone());
+            }
+        }
+        let v = read()?;
+        let mut seen = self.seen.lock();
+        if seen.len() >= 1024 {
+            let ttl = self.ttl;
+            seen.retain(|_, (at, _)| now.duration_since(*at) < ttl);
+        }
+        seen.insert(pid, (now, v.clone()));
+        Some(v)
+    }
+}
+
 /// How long [`tgid_of`] reuses what `/proc` said. `/proc/<tid>/status` is generated in
 /// full for every read (about 2% of the daemon's CPU in `tar x` with kernel passthrough,
 /// one read per write open). A thread's process never changes while the thread lives; a
@@ -494,21 +530,9 @@ const TGID_TTL: Duration = Duration::from_millis(100);
 
 /// [`tgid`], or the thread's own id when `/proc` does not say; remembered briefly.
 pub fn tgid_of(tid: u32) -> u32 {
-    static SEEN: std::sync::LazyLock<Mutex<HashMap<u32, (Instant, u32)>>> =
-        std::sync::LazyLock::new(|| Mutex::new(HashMap::new()));
-    let now = Instant::now();
-    if let Some(&(at, g)) = SEEN.lock().get(&tid) {
-        if now.duration_since(at) < TGID_TTL {
-            return g;
-        }
-    }
-    let Some(g) = tgid(tid) else { return tid };
-    let mut seen = SEEN.lock();
-    if seen.len() >= 1024 {
-        seen.retain(|_, (at, _)| now.duration_since(*at) < TGID_TTL);
-    }
-    seen.insert(tid, (now, g));
-    g
+    static SEEN: std::sync::LazyLock<RecentByPid<u32>> =
+        std::sync::LazyLock::new(|| RecentByPid::new(TGID_TTL));
+    SEEN.get_or(tid, || tgid(tid)).unwrap_or(tid)
 }
 
 /// The process name of a pid, for the ledger (empty when not visible). From
