@@ -193,19 +193,12 @@ fn mnt(tm: &TestMount) -> &str {
     tm.mnt.to_str().unwrap()
 }
 
-/// `intentfs approvals --json MNT`.
-fn pending(tm: &TestMount) -> Vec<Value> {
-    let text = cli_ok(&["approvals", "--json", mnt(tm)]);
-    serde_json::from_str::<Vec<Value>>(&text)
-        .unwrap_or_else(|e| panic!("approvals --json is not a JSON array ({e}): {text}"))
-}
-
 /// Polls the listing until a request for `path` shows up (5 s); returns it.
 fn wait_pending(tm: &TestMount, path: &str) -> Value {
     let mut last = Vec::new();
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(5) {
-        last = pending(tm);
+        last = tm.pending();
         if let Some(p) = last.iter().find(|p| p["path"] == path) {
             assert!(p["id"].is_u64(), "request without a numeric id: {p}");
             return p.clone();
@@ -320,7 +313,7 @@ fn cli_approve_once_lands_the_write_then_reject_answers_eacces() {
     let e = nth_approval(&tm, "README.md", 0);
     assert_decision(&e, "approved", "cli:uid=0", Some("once"));
     assert!(e["detail"]["latency_ms"].as_u64().unwrap() >= 250, "{e:#}");
-    assert!(pending(&tm).is_empty());
+    assert!(tm.pending().is_empty());
 
     // Decided means decided: a second answer is refused.
     let again = cli(&["approve", &id_of(&p), "--mount", mnt(&tm)]);
@@ -361,7 +354,7 @@ fn nobody_answering_times_out_with_approval_timeout() {
     assert!(!tm.w("README.md").exists());
     let e = nth_approval(&tm, "README.md", 0);
     assert_decision(&e, "timeout", "timeout", None);
-    assert!(pending(&tm).is_empty());
+    assert!(tm.pending().is_empty());
 }
 
 #[test]
@@ -510,7 +503,7 @@ fn ten_prompts_pending_while_other_work_stays_fast() {
         .collect();
     let mut listed = Vec::new();
     let all = wait_until(Duration::from_secs(10), || {
-        listed = pending(&tm);
+        listed = tm.pending();
         listed.len() == 10
     });
     assert!(all, "expected 10 pending requests, got {listed:#?}");
@@ -543,11 +536,11 @@ fn ten_prompts_pending_while_other_work_stays_fast() {
         "200 in-scope reads/writes took {took:?} while 10 prompts were pending"
     );
     assert_eq!(tm.ws_bytes("src/w99.txt"), b"w99\n");
-    assert_eq!(pending(&tm).len(), 10, "the prompts are still waiting");
+    assert_eq!(tm.pending().len(), 10, "the prompts are still waiting");
     assert!(agents.iter_mut().all(|a| a.running()));
 
     approve_all_landing(&tm, &listed, &mut agents, "f");
-    assert!(pending(&tm).is_empty());
+    assert!(tm.pending().is_empty());
 }
 
 /// An agent that asks question after question: past `MAX_PENDING_PER_IDENTITY` (16)
@@ -576,7 +569,7 @@ fn an_agent_cannot_park_more_than_sixteen_questions() {
         .collect();
     let mut listed = Vec::new();
     let all = wait_until(Duration::from_secs(30), || {
-        listed = pending(&tm);
+        listed = tm.pending();
         listed.len() == LIMIT
     });
     assert!(all, "expected {LIMIT} pending requests, got {listed:#?}");
@@ -609,7 +602,7 @@ fn an_agent_cannot_park_more_than_sixteen_questions() {
         .find(|e| e["mutation_type"] == "DENIAL" && e["path"] == over.as_str())
         .unwrap_or_else(|| panic!("no DENIAL entry for {over}: {:#?}", tm.ledger()));
     assert_eq!(denial["code"], "APPROVALS_PENDING", "{denial:#}");
-    assert_eq!(pending(&tm).len(), LIMIT, "the human saw no 17th question");
+    assert_eq!(tm.pending().len(), LIMIT, "the human saw no 17th question");
 
     // The waiting ones still land once approved, and then there is room again.
     approve_all_landing(&tm, &listed, &mut agents, "n");
@@ -779,7 +772,7 @@ fn the_approval_socket_refuses_another_uid() {
     );
 
     // No decision was made: the request waits, and so does the agent.
-    assert!(pending(&tm).iter().any(|q| q["id"] == p["id"]));
+    assert!(tm.pending().iter().any(|q| q["id"] == p["id"]));
     assert!(a.running());
     assert!(approvals_for(&tm, "README.md").is_empty());
     reject(&tm, &p);
@@ -823,7 +816,7 @@ fn an_agent_cannot_approve_through_the_mount() {
         a.running(),
         "the agent's request was decided from inside the mount"
     );
-    assert!(pending(&tm).iter().any(|q| q["id"] == p["id"]));
+    assert!(tm.pending().iter().any(|q| q["id"] == p["id"]));
     assert_eq!(tm.ws_bytes("docs/f0.md"), b"old\n");
     assert!(approvals_for(&tm, "docs/f0.md").is_empty());
     reject(&tm, &p);
@@ -1349,7 +1342,7 @@ fn a_pending_create_does_not_block_its_directory() {
     let ls_ok = ends_within(&mut ls, Duration::from_secs(2));
     let mut b = agent(&tm, "echo y > NOTES.md");
     let both = wait_until(Duration::from_secs(2), || {
-        pending(&tm).iter().any(|q| q["path"] == "NOTES.md")
+        tm.pending().iter().any(|q| q["path"] == "NOTES.md")
     });
     // Let everything time out before asserting, so teardown does not hang.
     for x in [&mut a, &mut ls, &mut b] {

@@ -315,17 +315,6 @@ approval:
   timeout_s: 120
 "#;
 
-/// `intentfs approvals --json MNT`.
-fn pending(tm: &TestMount) -> Vec<serde_json::Value> {
-    let out = intentfs()
-        .args(["approvals", "--json"])
-        .arg(&tm.mnt)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    serde_json::from_str(&ok(out, "intentfs approvals --json")).unwrap()
-}
-
 /// More requests parked on one CPU than the 8 entries a queue used to have.
 const PARKED: usize = 12;
 
@@ -358,7 +347,7 @@ fn parked_approvals_on_one_cpu_leave_its_queue_serving() {
         .collect();
     let mut listed = Vec::new();
     let all = wait_until(Duration::from_secs(30), || {
-        listed = pending(&tm);
+        listed = tm.pending();
         listed.len() == PARKED
     });
     assert!(all, "expected {PARKED} pending requests, got {listed:#?}");
@@ -378,7 +367,7 @@ fn parked_approvals_on_one_cpu_leave_its_queue_serving() {
     assert_eq!(tm.ws_bytes("src/w9.txt"), b"w9\n");
     // ... while every question still waits.
     assert_eq!(
-        pending(&tm).len(),
+        tm.pending().len(),
         PARKED,
         "the questions are still waiting"
     );
@@ -404,7 +393,7 @@ fn parked_approvals_on_one_cpu_leave_its_queue_serving() {
             format!("new{i}\n").as_bytes()
         );
     }
-    assert!(pending(&tm).is_empty());
+    assert!(tm.pending().is_empty());
     let ledger = tm.ledger();
     for i in 0..PARKED {
         let path = format!("docs/f{i}.md");

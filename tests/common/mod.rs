@@ -522,6 +522,19 @@ impl TestMount {
         serde_json::from_str(&t).unwrap_or_else(|e| panic!("last_error is not JSON ({e}): {t}"))
     }
 
+    /// The approval requests waiting for a human: `intentfs approvals --json MNT`.
+    pub fn pending(&self) -> Vec<serde_json::Value> {
+        let out = intentfs()
+            .args(["approvals", "--json"])
+            .arg(&self.mnt)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let text = ok(out, "intentfs approvals --json");
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("approvals --json is not a JSON array ({e}): {text}"))
+    }
+
     /// `.intentfs/status` as JSON.
     pub fn status(&self) -> serde_json::Value {
         let t = self.ctl("status");
