@@ -868,13 +868,19 @@ fn storm(strict_lost_updates: bool) {
     let mut orphan_writes = 0;
     // Each worker is one process doing one operation at a time, and a WRITE entry is durable
     // before close() returns: its WRITE entries, in ledger order, are its opens for writing,
-    // in log order.
+    // in log order. Except one kind: a handle that only truncated (its open had O_TRUNC, its
+    // write was refused) writes its WRITE entry at RELEASE, which the kernel sends after
+    // close() has returned (its WRITE_BEGIN was on record before the open returned). That
+    // entry may come after entries of the worker's next operations (seen over
+    // FUSE-over-io_uring, where RELEASE is a background request): it is matched by path among
+    // the entries not yet matched.
     let mut write_entry: HashMap<(usize, usize), &Value> = HashMap::new();
     let mut spurious: Vec<Value> = Vec::new();
     for k in 0..WORKERS {
-        let es: Vec<&Value> = ledger
+        let mut es: Vec<Option<&Value>> = ledger
             .iter()
             .filter(|e| agent_of(e) == Some(k) && e["mutation_type"] == "WRITE")
+            .map(Some)
             .collect();
         // Opens for writing in log order; `false` marks a created file whose first write was
         // refused, which may or may not have an entry.
@@ -892,32 +898,45 @@ fn storm(strict_lost_updates: bool) {
             es.len()
         );
         let mut extra = es.len() - required;
-        let mut next = es.into_iter().peekable();
+        // The first entry not yet matched, from `at` on.
+        let first = |es: &[Option<&Value>], at: usize| (at..es.len()).find(|&j| es[j].is_some());
+        let mut at = 0;
         for (i, req) in os {
             let o = &ops[i];
             // KNOWN BUG (KNOWN_BUG_SPURIOUS_WRITE): an extra WRITE entry of a shared file this
             // identity had written (or renamed a new version over) and closed earlier.
-            while KNOWN_BUG_SPURIOUS_WRITE
-                && extra > 0
-                && next.peek().is_some_and(|e| {
-                    e["path"].as_str().unwrap_or("").starts_with("shared/")
-                        && e["path"] != o.path()
-                        && e["content_hash"]
-                            != format!("sha256:{}", o.v["hash"].as_str().unwrap_or("")).as_str()
-                })
-            {
-                let e = next.next().unwrap();
+            while KNOWN_BUG_SPURIOUS_WRITE && extra > 0 {
+                let Some(j) = first(&es, at) else { break };
+                let e = es[j].unwrap();
+                let spurious_here = e["path"].as_str().unwrap_or("").starts_with("shared/")
+                    && e["path"] != o.path()
+                    && e["content_hash"]
+                        != format!("sha256:{}", o.v["hash"].as_str().unwrap_or("")).as_str();
+                if !spurious_here {
+                    break;
+                }
                 spurious.push(e.clone());
+                es[j] = None;
                 extra -= 1;
             }
             if !req {
-                if extra > 0 && next.peek().is_some_and(|e| e["path"] == o.path()) {
-                    next.next();
+                if let Some(j) =
+                    first(&es, at).filter(|&j| extra > 0 && es[j].unwrap()["path"] == o.path())
+                {
+                    es[j] = None;
                     extra -= 1;
                 }
                 continue;
             }
-            let e = next.next().unwrap();
+            // Truncated, write refused: its entry comes at RELEASE, here or later (under the
+            // name the file had then; if renamed meanwhile, the next entry).
+            let at_release = o.stage() == "write";
+            let j = at_release
+                .then(|| (at..es.len()).find(|&j| es[j].is_some_and(|e| e["path"] == o.path())))
+                .flatten()
+                .or_else(|| first(&es, at))
+                .unwrap_or_else(|| panic!("w{k}: no WRITE entry left for {:?}", o.v));
+            let e = es[j].take().unwrap();
             if o.path().starts_with("own/") {
                 assert_eq!(
                     e["path"],
@@ -927,8 +946,13 @@ fn storm(strict_lost_updates: bool) {
                 );
             }
             write_entry.insert((k, i), e);
+            // A later operation's entry cannot come before an earlier one's, except the
+            // entry matched at release, which may be anywhere after.
+            if !at_release {
+                at = j + 1;
+            }
         }
-        let left: Vec<&Value> = next.collect();
+        let left: Vec<&Value> = es.into_iter().flatten().collect();
         assert!(
             left.is_empty(),
             "w{k}: WRITE entries matching no operation: {left:#?}"
