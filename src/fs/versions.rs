@@ -20,6 +20,7 @@ use std::fs::File;
 use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use parking_lot::Mutex;
 
@@ -31,6 +32,11 @@ use crate::store::{Store, EMPTY};
 
 /// Most hashes remembered with why they were (not) kept before the map starts over.
 const MAX_RECENT: usize = 50_000;
+/// A version this daemon stored (or found present, refreshing its mtime) this recently is
+/// not looked for again: the store's gc removes no object used within
+/// [`crate::store::gc::GRACE`] (10 minutes), so it is still there. (An edit loop stores or
+/// re-references the same few versions again and again: a `statx` and a `utimensat` each.)
+const FRESH: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The store of one mount and what was decided about recent versions.
 #[derive(Default)]
@@ -38,8 +44,9 @@ pub struct Versions {
     store: OnceLock<Arc<Store>>,
     /// `(dev, ino)` of the store directory: never shown through the mount.
     store_id: OnceLock<(u64, u64)>,
-    /// Hashes this daemon stored (None) or decided not to keep (Some(why)), recently.
-    recent: Mutex<HashMap<String, Option<String>>>,
+    /// Hashes this daemon stored (None) or decided not to keep (Some(why)), recently, and
+    /// when.
+    recent: Mutex<HashMap<String, (Option<String>, Instant)>>,
 }
 
 impl Versions {
@@ -48,7 +55,22 @@ impl Versions {
         if m.len() >= MAX_RECENT {
             m.clear();
         }
-        m.insert(hash.to_owned(), why_not);
+        m.insert(hash.to_owned(), (why_not, Instant::now()));
+    }
+
+    /// What was decided about `hash` lately: `Some(None)` stored (or present) within
+    /// [`FRESH`], `Some(Some(why))` not kept and why; None when nothing is known.
+    fn lately(&self, hash: &str) -> Option<Option<String>> {
+        match self.recent.lock().get(hash) {
+            Some((None, at)) if at.elapsed() < FRESH => Some(None),
+            Some((Some(why), _)) => Some(Some(why.clone())),
+            _ => None,
+        }
+    }
+
+    /// Whether `hash` was stored (or found present) within [`FRESH`].
+    fn kept_lately(&self, hash: &str) -> bool {
+        matches!(self.lately(hash), Some(None))
     }
 }
 
@@ -98,6 +120,9 @@ impl Fs {
             self.versions.note(hash, Some(why));
             return;
         }
+        if self.versions.kept_lately(hash) {
+            return;
+        }
         match store.put_bytes_hashed(bytes, hash) {
             Ok(_) => self.versions.note(hash, None),
             Err(e) => self.store_failed(rel, hash, &e),
@@ -134,6 +159,9 @@ impl Fs {
         match known {
             Some(h) => {
                 let hs = hash::to_string(&h);
+                if self.versions.kept_lately(&hs) {
+                    return Some((h, stamp));
+                }
                 match store.put_file_counted(f, &hs) {
                     Ok(_) => self.versions.note(&hs, None),
                     Err(e) => self.store_failed(rel, &hs, &e),
@@ -182,7 +210,7 @@ impl Fs {
             let hs = hash::to_string(&h);
             if !untracked(rel)
                 && self.not_kept(rel, Some(st.st_size as u64)).is_none()
-                && store.touch(&hs)
+                && (self.versions.kept_lately(&hs) || store.touch(&hs))
             {
                 self.versions.note(&hs, None);
                 return Some(hs);
@@ -267,8 +295,7 @@ impl Fs {
             if h == EMPTY || missing.iter().any(|m| m == h) {
                 continue;
             }
-            let recent = self.versions.recent.lock().get(h).cloned();
-            let why = match recent {
+            let why = match self.versions.lately(h) {
                 // Stored (or found present) by this daemon just now: no need to look.
                 Some(None) => continue,
                 Some(Some(why)) => why,

@@ -169,8 +169,11 @@ impl Fs {
         let after = sys::stat_fd(fd.as_fd())?;
         if node.is_reg() {
             self.note_own_change(&node, &ident, &after);
-            if a.size.is_some() {
-                // A truncate is the identity's own completed change: its view follows.
+            // A truncate is the identity's own completed change: its view follows. (One
+            // through its own write handle continues that handle's change, as its writes
+            // do: the handle's WRITE brings the view along at close, without reading the
+            // file whole here as well.)
+            if a.size.is_some() && through_handle.is_none() {
                 self.saw_own_now(&node, &ident, caller, fd.as_fd());
             }
         }
