@@ -121,6 +121,7 @@ impl Fs {
             return;
         }
         if self.versions.kept_lately(hash) {
+            store.reused();
             return;
         }
         match store.put_bytes_hashed(bytes, hash) {
@@ -160,6 +161,7 @@ impl Fs {
             Some(h) => {
                 let hs = hash::to_string(&h);
                 if self.versions.kept_lately(&hs) {
+                    store.reused();
                     return Some((h, stamp));
                 }
                 match store.put_file_counted(f, &hs) {

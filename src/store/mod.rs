@@ -284,6 +284,12 @@ impl Store {
         Ok(hash)
     }
 
+    /// Count a put the caller answered itself: it stored (or refreshed) the object so
+    /// lately that it is known to be there (see `fs::versions`).
+    pub fn reused(&self) {
+        self.counters.deduplicated.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Store bytes whose hash the caller already computed (the filesystem hashed them for
     /// the ledger): no second hash. The caller vouches that `hash` is theirs.
     pub fn put_bytes_hashed(&self, data: &[u8], hash: &str) -> io::Result<Put> {
