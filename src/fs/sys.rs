@@ -347,24 +347,16 @@ pub fn fd_path(fd: BorrowedFd<'_>) -> io::Result<std::path::PathBuf> {
 /// [`fd_path`] through the daemon's open `/proc/self/fd` (no walk of `/proc/self/fd/`
 /// for each of the many mutations that need a directory's path).
 pub fn fd_path_in(proc_fd: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<std::path::PathBuf> {
-    let name = fd_name(fd.as_raw_fd());
-    let mut buf = vec![0u8; libc::PATH_MAX as usize];
-    // SAFETY: valid C string and dirfd; `buf` is writable for its length and readlinkat
-    // writes at most that many bytes, returning how many.
-    let n = check_size(unsafe {
-        libc::readlinkat(
-            proc_fd.as_raw_fd(),
-            name.as_ptr(),
-            buf.as_mut_ptr() as *mut libc::c_char,
-            buf.len(),
-        )
-    })?;
-    if n >= buf.len() {
-        // Truncated: the path is longer than PATH_MAX; the slow way handles any length.
-        return fd_path(fd);
-    }
-    buf.truncate(n);
-    Ok(std::path::PathBuf::from(std::ffi::OsString::from_vec(buf)))
+    // (rustix grows the buffer as needed: a path of any length, and no 4 KiB zeroed per
+    // call as a PATH_MAX buffer cost on every request that resolves a directory's path.)
+    let target = rustix::fs::readlinkat(
+        proc_fd,
+        fd_name(fd.as_raw_fd()).as_c_str(),
+        Vec::with_capacity(256),
+    )?;
+    Ok(std::path::PathBuf::from(std::ffi::OsString::from_vec(
+        target.into_bytes(),
+    )))
 }
 
 pub fn chmod_fd(proc_fd: BorrowedFd<'_>, fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {

@@ -283,7 +283,7 @@ impl Fs {
         // the ledger can be written again, so the file that exists is never off the record.
         let token = uuid::Uuid::new_v4().to_string();
         let draft = Draft {
-            content_hash: Some(crate::ledger::sha256_bytes(b"")),
+            content_hash: Some(crate::store::EMPTY.to_owned()),
             size: Some(0),
             detail: Some(serde_json::json!({ "handle": token })),
             ..Default::default()
