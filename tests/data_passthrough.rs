@@ -547,8 +547,9 @@ libc = ctypes.CDLL(None, use_errno=True)
 libc.mmap.restype = ctypes.c_void_p
 libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
 libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-def mmap_shared(fd):
-    p = libc.mmap(None, 4096, 3, 1, fd, 0)  # PROT_READ|PROT_WRITE, MAP_SHARED
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+def mmap_shared(fd, prot=3):
+    p = libc.mmap(None, 4096, prot, 1, fd, 0)  # PROT_READ|PROT_WRITE (3), MAP_SHARED
     assert p not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
     return p
 def step(said):
@@ -617,6 +618,55 @@ print('unmapped', flush=True)
     .status
     .success()));
     assert_eq!(tm.ws_bytes("docs/m.md"), b"TWO\nbob\n");
+}
+
+/// The same route with the mapping read-only at the close: a shared mapping of a file
+/// opened for writing may be made writable later (`mprotect`), and the daemon cannot see
+/// whether it may. Found open (the release looked for writable mappings only: the handle
+/// went at `close`, bob could open the file, and alice's later bytes were on no entry of
+/// hers); now any shared mapping keeps the lease, and what alice wrote through it after
+/// the `mprotect` is recorded as hers when it goes.
+#[test]
+fn a_read_only_mapping_made_writable_after_close_keeps_the_lease() {
+    let tm = mount(&[("docs/r.md", "one\n")]);
+    let code = format!(
+        "{MMAP_PY}
+fd = os.open('docs/r.md', os.O_RDWR)
+p = mmap_shared(fd, 1)  # PROT_READ only
+os.close(fd)
+step('closed')
+assert libc.mprotect(p, 4096, 3) == 0, ctypes.get_errno()
+ctypes.memmove(p, b'TWO', 3)
+libc.munmap(p, 4096)
+print('unmapped', flush=True)
+"
+    );
+    let mut alice = Agent::spawn(py_cmd(&tm, ALICE, "ro.py", &code, &[]));
+    alice.expect("closed");
+    let out = run(
+        &tm,
+        BOB,
+        "echo bob >> docs/r.md; code=$?; cat .intentfs/last_error; exit $code",
+    );
+    assert!(
+        !out.status.success(),
+        "bob opened a file alice maps (read-only for now) for writing"
+    );
+    let err: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(err["code"], "WRITE_LEASED", "{err:#}");
+    assert_eq!(tm.ws_bytes("docs/r.md"), b"one\n");
+    alice.go();
+    alice.expect("unmapped");
+    alice.finish();
+    assert_eq!(tm.ws_bytes("docs/r.md"), b"TWO\n");
+    let last = last_write_matching(&tm, "docs/r.md");
+    assert_eq!(last["agent"]["name"], "alice");
+    assert!(
+        changes_by(&tm, "bob").is_empty(),
+        "{:#?}",
+        changes_by(&tm, "bob")
+    );
+    assert_verified(&tm);
 }
 
 /// A write through a page already mapped writable moves neither the size nor the file's

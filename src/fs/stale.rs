@@ -692,14 +692,14 @@ impl Fs {
         false
     }
 
-    /// Whether process `pid` (a thread of it) maps `h`'s file shared and writable: a
-    /// passthrough handle's process at a close.
+    /// Whether process `pid` (a thread of it) maps `h`'s file shared (see [`maps_shared`]):
+    /// a passthrough handle's process at a close.
     pub(crate) fn pt_mapped_by(&self, h: &FileHandle, pid: u32) -> bool {
         h.write_state().is_some_and(|w| w.pt && w.rdwr)
-            && maps_shared_writable(crate::guard::identity::tgid_of(pid), h.node.ino)
+            && maps_shared(crate::guard::identity::tgid_of(pid), h.node.ino)
     }
 
-    /// A passthrough write handle's file still mapped shared and writable: with kernel
+    /// A passthrough write handle's file still mapped shared: with kernel
     /// passthrough the mapping holds the backing file itself, so it goes on writing after
     /// the handle's release. The processes among `h`'s (those that opened it or closed a
     /// descriptor of it), the processes in `also` (mappers found before: a child that
@@ -725,7 +725,7 @@ impl Fs {
                 continue;
             }
             seen.push(pid);
-            if maps_shared_writable(pid, ino) {
+            if maps_shared(pid, ino) {
                 found.push(pid);
             }
             todo.extend(proc_children(pid));
@@ -1072,18 +1072,22 @@ pub(crate) fn linger_while_mapped(
     }
 }
 
-/// Whether process `pid` maps the file with inode `ino` shared and writable
-/// (`/proc/PID/maps`: with kernel passthrough the mapping is of the backing file, whose
-/// inode it names). Neither the device nor the path is compared: maps names the
-/// superblock's device, which is not `st_dev` on btrfs subvolumes or overlayfs, and the
-/// path as the mapping process sees it (another mount namespace, a container). Shared
-/// memory (`/dev/shm`, memfd, SysV) is skipped; another writable shared mapping of a file
-/// with the same inode number only makes the handle keep its lease until it goes.
-fn maps_shared_writable(pid: u32, ino: u64) -> bool {
+/// Whether process `pid` maps the file with inode `ino` shared (`/proc/PID/maps`: with
+/// kernel passthrough the mapping is of the backing file, whose inode it names). Writable
+/// now or not: a shared mapping of a file opened for writing can be made writable at any
+/// time (`mprotect`), and neither maps nor PROCMAP_QUERY says whether it may (VM_MAYWRITE),
+/// so a read-only shared mapping counts too (found open: an agent mapped the file
+/// read-only, closed it, then `mprotect`ed the mapping writable and wrote unrecorded).
+/// Neither the device nor the path is compared: maps names the superblock's device, which
+/// is not `st_dev` on btrfs subvolumes or overlayfs, and the path as the mapping process
+/// sees it (another mount namespace, a container). Shared memory (`/dev/shm`, memfd,
+/// SysV) is skipped; another shared mapping of a file with the same inode number only
+/// makes the handle keep its lease until it goes.
+fn maps_shared(pid: u32, ino: u64) -> bool {
     let Ok(maps) = std::fs::File::open(format!("/proc/{pid}/maps")) else {
         return false;
     };
-    if let Some(found) = query_shared_writable(&maps, ino) {
+    if let Some(found) = query_shared(&maps, ino) {
         return found;
     }
     // A kernel without PROCMAP_QUERY (before 6.11): the text.
@@ -1098,7 +1102,7 @@ fn maps_shared_writable(pid: u32, ino: u64) -> bool {
     maps.lines().any(|l| {
         let mut f = l.split_ascii_whitespace();
         let (perms, i, path) = (f.nth(1), f.nth(2), f.next().unwrap_or(""));
-        perms.is_some_and(|p| p.as_bytes().get(1) == Some(&b'w') && p.ends_with('s'))
+        perms.is_some_and(|p| p.ends_with('s'))
             && i == Some(want_ino.as_str())
             && !is_shared_memory(path.as_bytes())
     })
@@ -1111,12 +1115,12 @@ fn is_shared_memory(path: &[u8]) -> bool {
         .any(|special| path.starts_with(special))
 }
 
-/// [`maps_shared_writable`] by the `PROCMAP_QUERY` ioctl of an open `/proc/PID/maps`
-/// (Linux 6.11+): the kernel walks the mappings and returns only writable shared mappings
-/// of files, so a process with none (nearly all) costs one ioctl, where the text costs
+/// [`maps_shared`] by the `PROCMAP_QUERY` ioctl of an open `/proc/PID/maps`
+/// (Linux 6.11+): the kernel walks the mappings and returns only shared mappings of files,
+/// so a process with none (nearly all) costs one ioctl, where the text costs
 /// formatting every mapping's path (a Python process has hundreds: 12% of the daemon's time
 /// in the edit loop). None when the kernel has no such ioctl.
-fn query_shared_writable(maps: &std::fs::File, ino: u64) -> Option<bool> {
+fn query_shared(maps: &std::fs::File, ino: u64) -> Option<bool> {
     use linux_raw_sys::general::{procmap_query, procmap_query_flags as qf};
     use rustix::ioctl::{ioctl, opcode, Updater};
     // `_IOWR(PROCFS_IOCTL_MAGIC = 'f', 17, struct procmap_query)` (linux/fs.h).
@@ -1126,7 +1130,6 @@ fn query_shared_writable(maps: &std::fs::File, ino: u64) -> Option<bool> {
             size: std::mem::size_of::<procmap_query>() as u64,
             query_flags: [
                 qf::PROCMAP_QUERY_COVERING_OR_NEXT_VMA,
-                qf::PROCMAP_QUERY_VMA_WRITABLE,
                 qf::PROCMAP_QUERY_VMA_SHARED,
                 qf::PROCMAP_QUERY_FILE_BACKED_VMA,
             ]
@@ -1243,7 +1246,7 @@ mod tests {
     }
 
     #[test]
-    fn shared_writable_mappings_are_found_by_the_ioctl_and_the_text_alike() {
+    fn shared_mappings_are_found_by_the_ioctl_and_the_text_alike() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m");
         std::fs::write(&path, vec![0u8; 4096]).unwrap();
@@ -1258,27 +1261,28 @@ mod tests {
             let maps = std::fs::read_to_string(format!("/proc/{me}/maps")).unwrap();
             maps.lines().any(|l| {
                 let v: Vec<&str> = l.split_ascii_whitespace().collect();
-                v[1].starts_with("rw") && v[1].ends_with('s') && v[4] == ino.to_string()
+                v[1].ends_with('s') && v[4] == ino.to_string()
             })
         };
         let maps = || std::fs::File::open(format!("/proc/{me}/maps")).unwrap();
         let rw = ProtFlags::READ | ProtFlags::WRITE;
-        // Not mapped; mapped privately; mapped shared read-only: not a writer.
-        assert!(!maps_shared_writable(me, ino));
-        for (prot, flags) in [(rw, MapFlags::PRIVATE), (ProtFlags::READ, MapFlags::SHARED)] {
-            mapped(&f, prot, flags, || {
-                assert!(!text(ino));
-                assert!(!maps_shared_writable(me, ino), "{prot:?} {flags:?}");
+        // Not mapped; mapped privately (its writes never reach the file): not a writer.
+        assert!(!maps_shared(me, ino));
+        mapped(&f, rw, MapFlags::PRIVATE, || {
+            assert!(!text(ino));
+            assert!(!maps_shared(me, ino));
+        });
+        // Mapped shared, writable or read-only (`mprotect` can make it writable): found,
+        // by the ioctl on this kernel, and by the text.
+        for prot in [rw, ProtFlags::READ] {
+            mapped(&f, prot, MapFlags::SHARED, || {
+                assert!(text(ino), "the text does not show the mapping");
+                assert_eq!(query_shared(&maps(), ino), Some(true), "{prot:?}");
+                assert!(maps_shared(me, ino));
+                assert_eq!(query_shared(&maps(), ino + 1), Some(false));
             });
         }
-        // Mapped shared and writable: found, by the ioctl on this kernel, and by the text.
-        mapped(&f, rw, MapFlags::SHARED, || {
-            assert!(text(ino), "the text does not show the mapping");
-            assert_eq!(query_shared_writable(&maps(), ino), Some(true));
-            assert!(maps_shared_writable(me, ino));
-            assert_eq!(query_shared_writable(&maps(), ino + 1), Some(false));
-        });
-        assert_eq!(query_shared_writable(&maps(), ino), Some(false));
+        assert_eq!(query_shared(&maps(), ino), Some(false));
         // Shared memory with the same inode number is not a file.
         let shm =
             rustix::fs::memfd_create("intentfs-test", rustix::fs::MemfdFlags::empty()).unwrap();
@@ -1287,9 +1291,9 @@ mod tests {
         let shm_ino = shm.metadata().unwrap().ino();
         mapped(&shm, rw, MapFlags::SHARED, || {
             assert!(text(shm_ino));
-            assert!(!maps_shared_writable(me, shm_ino));
+            assert!(!maps_shared(me, shm_ino));
         });
         // A process that is gone maps nothing.
-        assert!(!maps_shared_writable(u32::MAX >> 10, ino));
+        assert!(!maps_shared(u32::MAX >> 10, ino));
     }
 }
