@@ -115,13 +115,15 @@ pub struct WriteState {
     /// short-lived child writing to a descriptor inherited from the agent, or a short-lived
     /// writer outside the mount): named in the entry, not taken for an outsider's.
     pub unattributed: Vec<serde_json::Value>,
-    /// A process of its tree mapped the file shared and writable when an entry was taken:
+    /// A process of its tree mapped the file shared (writable, or able to become so) when
+    /// an entry was taken:
     /// writes through a page already mapped writable move neither the size nor the times,
     /// so its release hashes the content afresh instead of trusting the stamp.
     pub mapped: bool,
-    /// Opened read-write: only such a descriptor can map the file shared and writable
-    /// (`mmap` refuses `MAP_SHARED` with `PROT_WRITE` on any other), so only such a
-    /// handle's close and release look for mappings in `/proc`.
+    /// Opened read-write: only such a descriptor can map the file shared and writable, now
+    /// or by a later `mprotect` (`mmap` refuses `MAP_SHARED` with `PROT_WRITE` on any
+    /// other, and a read-only one never gets VM_MAYWRITE), so only such a handle's close
+    /// and release look for mappings in `/proc`.
     pub rdwr: bool,
 }
 
