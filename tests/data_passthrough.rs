@@ -578,37 +578,11 @@ libc.munmap(p, 4096)
 print('unmapped', flush=True)
 "
     );
-    let mut alice = Agent::spawn(py_cmd(&tm, ALICE, "map.py", &code, &[]));
-    alice.expect("closed");
-    // The lease holds while the mapping does.
-    let out = run(
-        &tm,
-        BOB,
-        "echo bob >> docs/m.md; code=$?; cat .intentfs/last_error; exit $code",
-    );
-    assert!(
-        !out.status.success(),
-        "bob opened a mapped file for writing"
-    );
-    let err: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(err["code"], "WRITE_LEASED", "{err:#}");
+    let err = mapping_holds_the_lease(&tm, "docs/m.md", &code, b"ONE\n", b"TWO\n");
     assert!(
         err["message"].as_str().unwrap().contains("alice"),
         "{err:#}"
     );
-    assert_eq!(tm.ws_bytes("docs/m.md"), b"ONE\n");
-    alice.go();
-    alice.expect("unmapped");
-    alice.finish();
-    assert_eq!(tm.ws_bytes("docs/m.md"), b"TWO\n");
-    let last = last_write_matching(&tm, "docs/m.md");
-    assert_eq!(last["agent"]["name"], "alice");
-    assert!(
-        changes_by(&tm, "bob").is_empty(),
-        "{:#?}",
-        changes_by(&tm, "bob")
-    );
-    assert_verified(&tm);
     // Once the mapping went, the lease did too.
     assert!(wait_until(Duration::from_secs(5), || run(
         &tm,
@@ -641,32 +615,48 @@ libc.munmap(p, 4096)
 print('unmapped', flush=True)
 "
     );
-    let mut alice = Agent::spawn(py_cmd(&tm, ALICE, "ro.py", &code, &[]));
+    mapping_holds_the_lease(&tm, "docs/r.md", &code, b"one\n", b"TWO\n");
+}
+
+/// Alice runs `code` (it maps `rel`, closes its descriptor, says `closed`, waits, writes
+/// through the mapping, unmaps and says `unmapped`). While it is mapped, bob's write open
+/// is refused with WRITE_LEASED (that error is returned) and the file stays `held`; once
+/// it is unmapped the file is `after`, on record as alice's, bob changed nothing, and the
+/// ledger verifies.
+fn mapping_holds_the_lease(
+    tm: &TestMount,
+    rel: &str,
+    code: &str,
+    held: &[u8],
+    after: &[u8],
+) -> Value {
+    let mut alice = Agent::spawn(py_cmd(tm, ALICE, "map.py", code, &[]));
     alice.expect("closed");
     let out = run(
-        &tm,
+        tm,
         BOB,
-        "echo bob >> docs/r.md; code=$?; cat .intentfs/last_error; exit $code",
+        &format!("echo bob >> {rel}; code=$?; cat .intentfs/last_error; exit $code"),
     );
     assert!(
         !out.status.success(),
-        "bob opened a file alice maps (read-only for now) for writing"
+        "bob opened a mapped file for writing"
     );
     let err: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(err["code"], "WRITE_LEASED", "{err:#}");
-    assert_eq!(tm.ws_bytes("docs/r.md"), b"one\n");
+    assert_eq!(tm.ws_bytes(rel), held);
     alice.go();
     alice.expect("unmapped");
     alice.finish();
-    assert_eq!(tm.ws_bytes("docs/r.md"), b"TWO\n");
-    let last = last_write_matching(&tm, "docs/r.md");
+    assert_eq!(tm.ws_bytes(rel), after);
+    let last = last_write_matching(tm, rel);
     assert_eq!(last["agent"]["name"], "alice");
     assert!(
-        changes_by(&tm, "bob").is_empty(),
+        changes_by(tm, "bob").is_empty(),
         "{:#?}",
-        changes_by(&tm, "bob")
+        changes_by(tm, "bob")
     );
-    assert_verified(&tm);
+    assert_verified(tm);
+    err
 }
 
 /// A write through a page already mapped writable moves neither the size nor the file's
