@@ -594,6 +594,40 @@ print('unmapped', flush=True)
     assert_eq!(tm.ws_bytes("docs/m.md"), b"TWO\nbob\n");
 }
 
+/// The same route in a workspace under `/dev/shm` (a tmpfs, where `TestMount::on_tmpfs`
+/// and some operators put workspaces): the mapping's path starts with `/dev/`, as shared
+/// memory's does. Found open (mappings under `/dev/` were skipped as shared memory by
+/// their path: in such a workspace no mapping ever held the lease); now only one on
+/// another filesystem than the file is taken for shared memory.
+#[test]
+fn a_mapping_in_a_workspace_under_dev_shm_keeps_the_lease() {
+    let tm = TestMount::builder()
+        .policy(TWO)
+        .intent("ALL")
+        .arg("--data")
+        .arg("passthrough")
+        .files(&[("docs/s.md", "one\n")])
+        .on_tmpfs()
+        .mount();
+    assert!(
+        tm.ws.starts_with("/dev/shm"),
+        "this machine has no usable /dev/shm: {}",
+        tm.ws.display()
+    );
+    let code = format!(
+        "{MMAP_PY}
+fd = os.open('docs/s.md', os.O_RDWR)
+p = mmap_shared(fd)
+os.close(fd)
+step('closed')
+ctypes.memmove(p, b'TWO', 3)
+libc.munmap(p, 4096)
+print('unmapped', flush=True)
+"
+    );
+    mapping_holds_the_lease(&tm, "docs/s.md", &code, b"one\n", b"TWO\n");
+}
+
 /// The same route with the mapping read-only at the close: a shared mapping of a file
 /// opened for writing may be made writable later (`mprotect`), and the daemon cannot see
 /// whether it may. Found open (the release looked for writable mappings only: the handle

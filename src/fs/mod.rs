@@ -230,6 +230,9 @@ pub struct Fs {
     /// the backing file in the kernel, and governance of data moves to open, close,
     /// truncate, rename and unlink (see `docs/passthrough.md`).
     pub data_passthrough: AtomicBool,
+    /// The mount's own device (`st_dev` of its files as the kernel shows them): a
+    /// mapping of a passthrough file names it ([`Fs::set_mount_dev`]).
+    pub(crate) mount_dev: std::sync::OnceLock<u64>,
     /// With kernel passthrough of data: write opens and creates hold it shared from their
     /// authorization until their handle is counted, an intent switch exclusively from its
     /// WRITES_OPEN check until the switch is on record, so a switch cannot land between a
@@ -270,6 +273,7 @@ impl Fs {
             watch: std::sync::OnceLock::new(),
             passthrough: AtomicBool::new(false),
             data_passthrough: AtomicBool::new(false),
+            mount_dev: std::sync::OnceLock::new(),
             intent_switch: parking_lot::RwLock::new(()),
             transport: std::sync::OnceLock::new(),
             low_latency: std::sync::OnceLock::new(),
@@ -300,6 +304,11 @@ impl Fs {
     }
 
     /// Kernel passthrough of file data is on (`--data passthrough`, negotiated).
+    /// The mount's device, once mounted (see [`Fs::mount_dev`]).
+    pub fn set_mount_dev(&self, dev: u64) {
+        let _ = self.mount_dev.set(dev);
+    }
+
     pub fn data_passthrough(&self) -> bool {
         self.data_passthrough.load(Ordering::Relaxed)
     }

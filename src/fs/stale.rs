@@ -692,11 +692,24 @@ impl Fs {
         false
     }
 
+    /// The devices a mapping of `node`'s file may name: the mount's and the backing
+    /// file's; none while the mount's is not known (see [`maps_shared`]).
+    fn mapping_devs(&self, node: &Node) -> Vec<u64> {
+        self.mount_dev
+            .get()
+            .map(|&m| vec![m, node.dev])
+            .unwrap_or_default()
+    }
+
     /// Whether process `pid` (a thread of it) maps `h`'s file shared (see [`maps_shared`]):
     /// a passthrough handle's process at a close.
     pub(crate) fn pt_mapped_by(&self, h: &FileHandle, pid: u32) -> bool {
         h.write_state().is_some_and(|w| w.pt && w.rdwr)
-            && maps_shared(crate::guard::identity::tgid_of(pid), h.node.ino)
+            && maps_shared(
+                crate::guard::identity::tgid_of(pid),
+                h.node.ino,
+                &self.mapping_devs(&h.node),
+            )
     }
 
     /// A passthrough write handle's file still mapped shared: with kernel
@@ -714,7 +727,7 @@ impl Fs {
         else {
             return Vec::new();
         };
-        let ino = h.node.ino;
+        let (ino, devs) = (h.node.ino, self.mapping_devs(&h.node));
         let mut seen = Vec::new();
         let mut found = Vec::new();
         let mut todo: Vec<u32> = writers.iter().map(|&p| p as u32).collect();
@@ -725,7 +738,7 @@ impl Fs {
                 continue;
             }
             seen.push(pid);
-            if maps_shared(pid, ino) {
+            if maps_shared(pid, ino, &devs) {
                 found.push(pid);
             }
             todo.extend(proc_children(pid));
@@ -1072,22 +1085,23 @@ pub(crate) fn linger_while_mapped(
     }
 }
 
-/// Whether process `pid` maps the file with inode `ino` shared (`/proc/PID/maps`: with
-/// kernel passthrough the mapping is of the backing file, whose inode it names). Writable
-/// now or not: a shared mapping of a file opened for writing can be made writable at any
-/// time (`mprotect`), and neither maps nor PROCMAP_QUERY says whether it may (VM_MAYWRITE),
-/// so a read-only shared mapping counts too (found open: an agent mapped the file
-/// read-only, closed it, then `mprotect`ed the mapping writable and wrote unrecorded).
-/// Neither the device nor the path is compared: maps names the superblock's device, which
-/// is not `st_dev` on btrfs subvolumes or overlayfs, and the path as the mapping process
-/// sees it (another mount namespace, a container). Shared memory (`/dev/shm`, memfd,
-/// SysV) is skipped; another shared mapping of a file with the same inode number only
-/// makes the handle keep its lease until it goes.
-fn maps_shared(pid: u32, ino: u64) -> bool {
+/// Whether process `pid` maps the file with inode `ino` shared. Writable now or not: a
+/// shared mapping of a file opened for writing can be made writable at any time
+/// (`mprotect`), and neither maps nor PROCMAP_QUERY says whether it may (VM_MAYWRITE), so
+/// a read-only shared mapping counts too (found open: an agent mapped the file read-only,
+/// closed it, then `mprotect`ed the mapping writable and wrote unrecorded).
+/// A mapping is the file's when its inode number is `ino` and its device one of `devs`:
+/// with kernel passthrough the mapping holds the backing file, and maps names the inode the
+/// user opened (the mount's device, Linux 6.8+), or the backing file's. Shared memory
+/// (`/dev/shm`, memfd, SysV) with the same number is on another device. Without `devs`
+/// (the mount's device not known yet) such memory is told by its name instead, which
+/// misses a mount whose path starts with `/dev/` (found open: a workspace and mount under
+/// `/dev/shm` had all their mappings skipped).
+fn maps_shared(pid: u32, ino: u64, devs: &[u64]) -> bool {
     let Ok(maps) = std::fs::File::open(format!("/proc/{pid}/maps")) else {
         return false;
     };
-    if let Some(found) = query_shared(&maps, ino) {
+    if let Some(found) = query_shared(&maps, ino, devs) {
         return found;
     }
     // A kernel without PROCMAP_QUERY (before 6.11): the text.
@@ -1100,19 +1114,32 @@ fn maps_shared(pid: u32, ino: u64) -> bool {
         return false;
     }
     maps.lines().any(|l| {
+        // address perms offset dev(hex major:minor) inode path
         let mut f = l.split_ascii_whitespace();
-        let (perms, i, path) = (f.nth(1), f.nth(2), f.next().unwrap_or(""));
+        let (perms, mapped_dev, i, path) = (f.nth(1), f.nth(1), f.next(), f.next().unwrap_or(""));
+        let mapped_dev = mapped_dev.and_then(|d| {
+            let (ma, mi) = d.split_once(':')?;
+            Some(libc::makedev(
+                u32::from_str_radix(ma, 16).ok()?,
+                u32::from_str_radix(mi, 16).ok()?,
+            ))
+        });
         perms.is_some_and(|p| p.ends_with('s'))
             && i == Some(want_ino.as_str())
-            && !is_shared_memory(path.as_bytes())
+            && the_files(devs, mapped_dev, path.as_bytes())
     })
 }
 
-/// Shared memory, not a file (`/dev/shm`, memfd, SysV): a mapping of it is not a writer.
-fn is_shared_memory(path: &[u8]) -> bool {
-    [&b"/dev/"[..], b"/memfd:", b"/SYSV"]
-        .iter()
-        .any(|special| path.starts_with(special))
+/// Whether a shared mapping with the file's inode number, on device `dev` (when known) and
+/// named `path`, is the file's: see [`maps_shared`].
+fn the_files(devs: &[u64], dev: Option<u64>, path: &[u8]) -> bool {
+    match dev {
+        Some(d) if !devs.is_empty() => devs.contains(&d),
+        // Shared memory, not a file, by its name.
+        _ => ![&b"/dev/"[..], b"/memfd:", b"/SYSV"]
+            .iter()
+            .any(|special| path.starts_with(special)),
+    }
 }
 
 /// [`maps_shared`] by the `PROCMAP_QUERY` ioctl of an open `/proc/PID/maps`
@@ -1120,7 +1147,7 @@ fn is_shared_memory(path: &[u8]) -> bool {
 /// so a process with none (nearly all) costs one ioctl, where the text costs
 /// formatting every mapping's path (a Python process has hundreds: 12% of the daemon's time
 /// in the edit loop). None when the kernel has no such ioctl.
-fn query_shared(maps: &std::fs::File, ino: u64) -> Option<bool> {
+fn query_shared(maps: &std::fs::File, ino: u64, devs: &[u64]) -> Option<bool> {
     use linux_raw_sys::general::{procmap_query, procmap_query_flags as qf};
     use rustix::ioctl::{ioctl, opcode, Updater};
     // `_IOWR(PROCFS_IOCTL_MAGIC = 'f', 17, struct procmap_query)` (linux/fs.h).
@@ -1170,7 +1197,8 @@ fn query_shared(maps: &std::fs::File, ino: u64) -> Option<bool> {
                 let mut name = vec![0u8; libc::PATH_MAX as usize];
                 if let Ok(n) = query(q.vma_start, &mut name) {
                     let len = (n.vma_name_size as usize).saturating_sub(1).min(name.len());
-                    if n.inode == ino && !is_shared_memory(&name[..len]) {
+                    let dev = libc::makedev(n.dev_major, n.dev_minor);
+                    if n.inode == ino && the_files(devs, Some(dev), &name[..len]) {
                         return Some(true);
                     }
                 }
@@ -1255,7 +1283,7 @@ mod tests {
             .write(true)
             .open(&path)
             .unwrap();
-        let ino = f.metadata().unwrap().ino();
+        let (dev, ino) = (f.metadata().unwrap().dev(), f.metadata().unwrap().ino());
         let me = std::process::id();
         let text = |ino: u64| {
             let maps = std::fs::read_to_string(format!("/proc/{me}/maps")).unwrap();
@@ -1267,22 +1295,22 @@ mod tests {
         let maps = || std::fs::File::open(format!("/proc/{me}/maps")).unwrap();
         let rw = ProtFlags::READ | ProtFlags::WRITE;
         // Not mapped; mapped privately (its writes never reach the file): not a writer.
-        assert!(!maps_shared(me, ino));
+        assert!(!maps_shared(me, ino, &[dev]));
         mapped(&f, rw, MapFlags::PRIVATE, || {
             assert!(!text(ino));
-            assert!(!maps_shared(me, ino));
+            assert!(!maps_shared(me, ino, &[dev]));
         });
         // Mapped shared, writable or read-only (`mprotect` can make it writable): found,
         // by the ioctl on this kernel, and by the text.
         for prot in [rw, ProtFlags::READ] {
             mapped(&f, prot, MapFlags::SHARED, || {
                 assert!(text(ino), "the text does not show the mapping");
-                assert_eq!(query_shared(&maps(), ino), Some(true), "{prot:?}");
-                assert!(maps_shared(me, ino));
-                assert_eq!(query_shared(&maps(), ino + 1), Some(false));
+                assert_eq!(query_shared(&maps(), ino, &[dev]), Some(true), "{prot:?}");
+                assert!(maps_shared(me, ino, &[dev]));
+                assert_eq!(query_shared(&maps(), ino + 1, &[dev]), Some(false));
             });
         }
-        assert_eq!(query_shared(&maps(), ino), Some(false));
+        assert_eq!(query_shared(&maps(), ino, &[dev]), Some(false));
         // Shared memory with the same inode number is not a file.
         let shm =
             rustix::fs::memfd_create("intentfs-test", rustix::fs::MemfdFlags::empty()).unwrap();
@@ -1291,9 +1319,26 @@ mod tests {
         let shm_ino = shm.metadata().unwrap().ino();
         mapped(&shm, rw, MapFlags::SHARED, || {
             assert!(text(shm_ino));
-            assert!(!maps_shared(me, shm_ino));
+            assert!(!maps_shared(me, shm_ino, &[dev]));
+            // (By its name when no device is known.)
+            assert!(!maps_shared(me, shm_ino, &[]));
         });
+        // A file under /dev/shm is a file: its mappings count (its device is its own).
+        if let Ok(d) = tempfile::tempdir_in("/dev/shm") {
+            let p = d.path().join("w");
+            std::fs::write(&p, vec![0u8; 4096]).unwrap();
+            let g = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&p)
+                .unwrap();
+            let (gdev, gino) = (g.metadata().unwrap().dev(), g.metadata().unwrap().ino());
+            mapped(&g, rw, MapFlags::SHARED, || {
+                assert_eq!(query_shared(&maps(), gino, &[gdev]), Some(true));
+                assert!(maps_shared(me, gino, &[gdev]));
+            });
+        }
         // A process that is gone maps nothing.
-        assert!(!maps_shared(u32::MAX >> 10, ino));
+        assert!(!maps_shared(u32::MAX >> 10, ino, &[dev]));
     }
 }

@@ -801,28 +801,31 @@ pub struct MountSpec {
 /// Reads and writes of up to 1 MiB per request (`set_max_write`).
 const MAX_IO: u32 = 1024 * 1024;
 
+/// The mount's device as `/proc/self/mountinfo` says it (`major:minor`): a `stat` of the
+/// mountpoint would ask this very filesystem, not serving yet. The last mount there is
+/// ours.
+fn mount_device(mountpoint: &Path) -> Option<(u32, u32)> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = mountpoint.to_string_lossy();
+    // id parent major:minor root mountpoint ... The kernel writes a space, tab, newline or
+    // backslash in the mountpoint as `\ooo`.
+    info.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        if f.len() <= 4 || crate::guard::tracking::unescape_mountinfo(f[4]) != want {
+            return None;
+        }
+        let (ma, mi) = f[2].split_once(':')?;
+        Some((ma.parse().ok()?, mi.parse().ok()?))
+    })
+}
+
 /// The kernel reads ahead 128 KiB on a FUSE mount (the most it offers at INIT): one READ
 /// round trip per 128 KiB of a sequential read. Its backing device's `read_ahead_kb`
-/// (sysfs, writable by root) raises that to what one request may carry. Best effort: the
-/// device is found in /proc/self/mountinfo (a `stat` of the mountpoint would ask this
-/// very filesystem, not serving yet).
-fn raise_readahead(mountpoint: &Path) {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return;
-    };
-    let want = mountpoint.to_string_lossy();
-    // id parent major:minor root mountpoint ... (the last mount there is ours). The
-    // kernel writes a space, tab, newline or backslash in the mountpoint as `\ooo`.
-    let dev = info.lines().rev().find_map(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        (f.len() > 4 && crate::guard::tracking::unescape_mountinfo(f[4]) == want)
-            .then(|| f[2].to_string())
-    });
-    if let Some(dev) = dev {
-        let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
-        if let Err(e) = std::fs::write(&path, format!("{}\n", MAX_IO / 1024)) {
-            tracing::debug!("{path}: {e} (sequential reads use the kernel's 128 KiB)");
-        }
+/// (sysfs, writable by root) raises that to what one request may carry. Best effort.
+fn raise_readahead((major, minor): (u32, u32)) {
+    let path = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    if let Err(e) = std::fs::write(&path, format!("{}\n", MAX_IO / 1024)) {
+        tracing::debug!("{path}: {e} (sequential reads use the kernel's 128 KiB)");
     }
 }
 
@@ -906,7 +909,10 @@ impl Mounted {
         let mut session = fuser::Session::new(ffs, mountpoint, &cfg)?;
         start_transport(&fs, &mut session, spec.transport)?;
         crate::fs::watch::Watcher::start(&fs, Box::new(Inval(session.notifier())));
-        raise_readahead(mountpoint);
+        if let Some(dev) = mount_device(mountpoint) {
+            raise_readahead(dev);
+            fs.set_mount_dev(libc::makedev(dev.0, dev.1));
+        }
         Ok(Mounted { session })
     }
 
