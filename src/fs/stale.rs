@@ -1192,8 +1192,14 @@ fn query_shared(maps: &std::fs::File, ino: u64, devs: &[u64]) -> Option<bool> {
     let mut addr = 0;
     loop {
         match query(addr, &mut []) {
+            Ok(q) if q.inode == ino && !devs.is_empty() => {
+                if devs.contains(&libc::makedev(q.dev_major, q.dev_minor)) {
+                    return Some(true);
+                }
+                addr = q.vma_end;
+            }
             Ok(q) if q.inode == ino => {
-                // The name only for a mapping with the inode number (`d_path` is the cost).
+                // The name only when it decides (`d_path` is the cost).
                 let mut name = vec![0u8; libc::PATH_MAX as usize];
                 if let Ok(n) = query(q.vma_start, &mut name) {
                     let len = (n.vma_name_size as usize).saturating_sub(1).min(name.len());

@@ -210,12 +210,16 @@ impl Fs {
         // `rm` of a file written through the mount).
         if let Some(h) = self.hashes.cached(&hash::stamp_of(&st)) {
             let hs = hash::to_string(&h);
-            if !untracked(rel)
-                && self.not_kept(rel, Some(st.st_size as u64)).is_none()
-                && (self.versions.kept_lately(&hs) || store.touch(&hs))
-            {
-                self.versions.note(&hs, None);
-                return Some(hs);
+            if !untracked(rel) && self.not_kept(rel, Some(st.st_size as u64)).is_none() {
+                // (Kept lately: not refreshed again, nor its time in the map, so the object's
+                // mtime is never more than FRESH behind what the map trusts.)
+                if self.versions.kept_lately(&hs) {
+                    return Some(hs);
+                }
+                if store.touch(&hs) {
+                    self.versions.note(&hs, None);
+                    return Some(hs);
+                }
             }
         }
         if st.st_size as u64 <= RANGE_LIMIT {
@@ -334,4 +338,30 @@ fn parse_hash(s: &str) -> Option<[u8; 32]> {
         .ok()?
         .try_into()
         .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_version_is_trusted_kept_for_a_minute_and_a_refusal_until_told_otherwise() {
+        let v = Versions::default();
+        assert_eq!(v.lately("sha256:aa"), None);
+        v.note("sha256:aa", None);
+        assert!(v.kept_lately("sha256:aa"));
+        v.note("sha256:bb", Some("over the size cap".into()));
+        assert!(!v.kept_lately("sha256:bb"));
+        assert_eq!(
+            v.lately("sha256:bb"),
+            Some(Some("over the size cap".into()))
+        );
+        // Stored longer ago than FRESH: looked up (and refreshed) again.
+        let old = Instant::now()
+            .checked_sub(FRESH + std::time::Duration::from_secs(1))
+            .unwrap();
+        v.recent.lock().insert("sha256:aa".into(), (None, old));
+        assert!(!v.kept_lately("sha256:aa"));
+        assert_eq!(v.lately("sha256:aa"), None);
+    }
 }
