@@ -1018,11 +1018,14 @@ fn notify_human(summary: &str, body: &str) {
 }
 
 /// A FUSE mount whose daemon is gone: `ENOTCONN` on `/dev/fuse`, `ECONNABORTED` when the
-/// mount was served over FUSE-over-io_uring (the kernel tears the ring down that way).
+/// mount was served over FUSE-over-io_uring (the kernel tears the ring down that way), or
+/// `ECANCELED` for a request the kernel had handed to a ring thread that was dying (seen
+/// by the first access after a `kill -9`: the request's delivery runs in the dead
+/// thread's context and is cancelled).
 fn is_dead_mount(e: &std::io::Error) -> bool {
     matches!(
         e.raw_os_error(),
-        Some(libc::ENOTCONN) | Some(libc::ECONNABORTED)
+        Some(libc::ENOTCONN) | Some(libc::ECONNABORTED) | Some(libc::ECANCELED)
     )
 }
 
