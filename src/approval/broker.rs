@@ -67,7 +67,6 @@ pub(crate) struct Inner {
     resume: ResumePool,
 }
 
-/// What `Inner::state` guards.
 /// Questions one identity may have waiting for a human at once; the next is refused at
 /// once (`APPROVALS_PENDING`) without asking. An agent that parks question after question
 /// would otherwise flood the human, and over FUSE-over-io_uring each waiting request holds
@@ -80,6 +79,7 @@ pub const MAX_PENDING: usize = 24;
 /// How a refusal by the limits above names its decider (`by`).
 pub const LIMIT_PREFIX: &str = "limit: ";
 
+/// What `Inner::state` guards.
 struct State {
     /// Pending requests by id.
     pending: BTreeMap<u64, Pending>,

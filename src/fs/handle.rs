@@ -116,9 +116,9 @@ pub struct WriteState {
     /// writer outside the mount): named in the entry, not taken for an outsider's.
     pub unattributed: Vec<serde_json::Value>,
     /// A process of its tree mapped the file shared (writable, or able to become so) when
-    /// an entry was taken:
-    /// writes through a page already mapped writable move neither the size nor the times,
-    /// so its release hashes the content afresh instead of trusting the stamp.
+    /// an entry was taken: writes through a page already mapped writable move neither the
+    /// size nor the times, so its release hashes the content afresh instead of trusting the
+    /// stamp.
     pub mapped: bool,
     /// Opened read-write: only such a descriptor can map the file shared and writable, now
     /// or by a later `mprotect` (`mmap` refuses `MAP_SHARED` with `PROT_WRITE` on any

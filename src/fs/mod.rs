@@ -303,12 +303,12 @@ impl Fs {
         fh
     }
 
-    /// Kernel passthrough of file data is on (`--data passthrough`, negotiated).
     /// The mount's device, once mounted (see [`Fs::mount_dev`]).
     pub fn set_mount_dev(&self, dev: u64) {
         let _ = self.mount_dev.set(dev);
     }
 
+    /// Kernel passthrough of file data is on (`--data passthrough`, negotiated).
     pub fn data_passthrough(&self) -> bool {
         self.data_passthrough.load(Ordering::Relaxed)
     }
