@@ -284,8 +284,8 @@ impl Store {
         Ok(hash)
     }
 
-    /// Count a put the caller answered itself: it stored (or refreshed) the object so
-    /// lately that it is known to be there (see `fs::versions`).
+    /// Count a put answered by an object already there: found by the put itself, or known
+    /// to the caller, which stored (or refreshed) it so lately (see `fs::versions`).
     pub fn reused(&self) {
         self.counters.deduplicated.fetch_add(1, Ordering::Relaxed);
     }
@@ -295,7 +295,7 @@ impl Store {
     pub fn put_bytes_hashed(&self, data: &[u8], hash: &str) -> io::Result<Put> {
         let hex = parse_hash(hash)?;
         if self.touch(hash) {
-            self.counters.deduplicated.fetch_add(1, Ordering::Relaxed);
+            self.reused();
             return Ok(Put::Present);
         }
         let compressed = compress_bytes(data)?;
@@ -323,7 +323,7 @@ impl Store {
     pub fn put_file_counted(&self, file: &File, hash: &str) -> io::Result<Put> {
         let hex = parse_hash(hash)?;
         if self.touch(hash) {
-            self.counters.deduplicated.fetch_add(1, Ordering::Relaxed);
+            self.reused();
             return Ok(Put::Present);
         }
         if self.reflink.load(Ordering::Relaxed) {
@@ -375,7 +375,7 @@ impl Store {
         let hash = format!("sha256:{hex}");
         if self.touch(&hash) {
             let _ = fs::remove_file(&tmp);
-            self.counters.deduplicated.fetch_add(1, Ordering::Relaxed);
+            self.reused();
             return Ok((hash, Put::Present));
         }
         let sub = self.dir.join(&hex[..2]);
