@@ -1192,21 +1192,20 @@ fn query_shared(maps: &std::fs::File, ino: u64, devs: &[u64]) -> Option<bool> {
     let mut addr = 0;
     loop {
         match query(addr, &mut []) {
-            Ok(q) if q.inode == ino && !devs.is_empty() => {
-                if devs.contains(&libc::makedev(q.dev_major, q.dev_minor)) {
-                    return Some(true);
-                }
-                addr = q.vma_end;
-            }
             Ok(q) if q.inode == ino => {
-                // The name only when it decides (`d_path` is the cost).
-                let mut name = vec![0u8; libc::PATH_MAX as usize];
-                if let Ok(n) = query(q.vma_start, &mut name) {
-                    let len = (n.vma_name_size as usize).saturating_sub(1).min(name.len());
-                    let dev = libc::makedev(n.dev_major, n.dev_minor);
-                    if n.inode == ino && the_files(devs, Some(dev), &name[..len]) {
-                        return Some(true);
-                    }
+                let mine = if devs.is_empty() {
+                    // No device known: the name decides, asked again at the same address
+                    // (only here: `d_path` is the cost).
+                    let mut name = vec![0u8; libc::PATH_MAX as usize];
+                    query(q.vma_start, &mut name).is_ok_and(|n| {
+                        let len = (n.vma_name_size as usize).saturating_sub(1).min(name.len());
+                        n.inode == ino && the_files(devs, None, &name[..len])
+                    })
+                } else {
+                    the_files(devs, Some(libc::makedev(q.dev_major, q.dev_minor)), &[])
+                };
+                if mine {
+                    return Some(true);
                 }
                 addr = q.vma_end;
             }
@@ -1279,17 +1278,23 @@ mod tests {
         r
     }
 
+    /// A new 4 KiB file at `path`, open read-write, with its device and inode number.
+    fn page_file(path: &std::path::Path) -> (std::fs::File, u64, u64) {
+        std::fs::write(path, vec![0u8; 4096]).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        let m = f.metadata().unwrap();
+        (f, m.dev(), m.ino())
+    }
+
     #[test]
     fn shared_mappings_are_found_by_the_ioctl_and_the_text_alike() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m");
-        std::fs::write(&path, vec![0u8; 4096]).unwrap();
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .unwrap();
-        let (dev, ino) = (f.metadata().unwrap().dev(), f.metadata().unwrap().ino());
+        let (f, dev, ino) = page_file(&path);
         let me = std::process::id();
         let text = |ino: u64| {
             let maps = std::fs::read_to_string(format!("/proc/{me}/maps")).unwrap();
@@ -1331,14 +1336,7 @@ mod tests {
         });
         // A file under /dev/shm is a file: its mappings count (its device is its own).
         if let Ok(d) = tempfile::tempdir_in("/dev/shm") {
-            let p = d.path().join("w");
-            std::fs::write(&p, vec![0u8; 4096]).unwrap();
-            let g = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&p)
-                .unwrap();
-            let (gdev, gino) = (g.metadata().unwrap().dev(), g.metadata().unwrap().ino());
+            let (g, gdev, gino) = page_file(&d.path().join("w"));
             mapped(&g, rw, MapFlags::SHARED, || {
                 assert_eq!(query_shared(&maps(), gino, &[gdev]), Some(true));
                 assert!(maps_shared(me, gino, &[gdev]));
