@@ -501,12 +501,7 @@ fn ten_prompts_pending_while_other_work_stays_fast() {
     let mut agents: Vec<Agent> = (0..10)
         .map(|i| agent(&tm, &format!("echo new{i} > docs/f{i}.md")))
         .collect();
-    let mut listed = Vec::new();
-    let all = wait_until(Duration::from_secs(10), || {
-        listed = tm.pending();
-        listed.len() == 10
-    });
-    assert!(all, "expected 10 pending requests, got {listed:#?}");
+    let listed = tm.pending_count(10, Duration::from_secs(10));
     let mut paths: Vec<&str> = listed.iter().map(|p| p["path"].as_str().unwrap()).collect();
     paths.sort();
     assert_eq!(
@@ -567,12 +562,7 @@ fn an_agent_cannot_park_more_than_sixteen_questions() {
     let mut agents: Vec<Agent> = (0..LIMIT)
         .map(|i| agent(&tm, &format!("echo new{i} > docs/n{i}.md")))
         .collect();
-    let mut listed = Vec::new();
-    let all = wait_until(Duration::from_secs(30), || {
-        listed = tm.pending();
-        listed.len() == LIMIT
-    });
-    assert!(all, "expected {LIMIT} pending requests, got {listed:#?}");
+    let listed = tm.pending_count(LIMIT, Duration::from_secs(30));
 
     // One more: refused at once, not asked.
     let mut extra = agent(&tm, &format!("echo over > docs/n{LIMIT}.md"));

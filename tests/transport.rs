@@ -345,12 +345,7 @@ fn parked_approvals_on_one_cpu_leave_its_queue_serving() {
                 .unwrap()
         })
         .collect();
-    let mut listed = Vec::new();
-    let all = wait_until(Duration::from_secs(30), || {
-        listed = tm.pending();
-        listed.len() == PARKED
-    });
-    assert!(all, "expected {PARKED} pending requests, got {listed:#?}");
+    let listed = tm.pending_count(PARKED, Duration::from_secs(30));
 
     // Meanwhile, on the same CPU, in-scope work goes through (with 8 entries it waited for
     // the decisions: the bound below only turns that hang into a failure).

@@ -535,6 +535,18 @@ impl TestMount {
             .unwrap_or_else(|e| panic!("approvals --json is not a JSON array ({e}): {text}"))
     }
 
+    /// The questions waiting for a human once there are `n` of them (within `within`):
+    /// fails the test, showing the listing, if there are not.
+    pub fn pending_count(&self, n: usize, within: Duration) -> Vec<serde_json::Value> {
+        let mut listed = Vec::new();
+        let all = wait_until(within, || {
+            listed = self.pending();
+            listed.len() == n
+        });
+        assert!(all, "expected {n} pending requests, got {listed:#?}");
+        listed
+    }
+
     /// `.intentfs/status` as JSON.
     pub fn status(&self) -> serde_json::Value {
         let t = self.ctl("status");
