@@ -1445,6 +1445,40 @@ except OSError:
     assert!(!v.contains("modified  docs/k.md"), "{v}");
 }
 
+/// The mapping handed down after the close: the opener maps the file read-only, closes it,
+/// then forks a child that leaves the session (`setsid`) and exits. Between two of the
+/// daemon's looks the child is no one's descendant it knew of. Found open (the lease went,
+/// bob could write, and the child's bytes, written after an `mprotect`, were on no entry:
+/// `ledger verify` blamed a change outside the mount); now every process of the handle's
+/// identity is searched too (its cgroup, or the children of its `intentfs run`).
+#[test]
+fn a_mapping_handed_to_a_child_after_the_close_keeps_the_lease() {
+    let tm = mount(&[("docs/h.md", "one\n")]);
+    let code = format!(
+        "{MMAP_PY}
+import time
+fd = os.open('docs/h.md', os.O_RDWR)
+p = mmap_shared(fd, 1)  # PROT_READ only
+os.close(fd)
+time.sleep(0.2)  # the release is in: the daemon looks at this process every 50 ms
+parent = os.getpid()
+if os.fork() == 0:
+    os.setsid()
+    while os.getppid() == parent:
+        time.sleep(0.02)
+    time.sleep(0.2)  # several of the daemon's looks (every 50 ms) with the parent gone
+    step('closed')
+    assert libc.mprotect(p, 4096, 3) == 0, ctypes.get_errno()
+    ctypes.memmove(p, b'KID', 3)
+    libc.munmap(p, 4096)
+    print('unmapped', flush=True)
+    os._exit(0)
+os._exit(0)
+"
+    );
+    mapping_holds_the_lease(&tm, "docs/h.md", &code, b"one\n", b"KID\n");
+}
+
 /// The mapping handed down: the opener maps the file, forks, closes and exits; its child,
 /// reparented (no longer anyone's descendant the daemon knows of), writes through the
 /// inherited mapping. The handle keeps its lease until that child's mapping goes too, and

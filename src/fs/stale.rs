@@ -588,12 +588,16 @@ impl Fs {
         else {
             return Ok(());
         };
+        // (The opener may have exited while a child or a mapping of the file holds it.)
+        let process = match crate::guard::identity::proc_name(holder.caller.pid) {
+            n if n.is_empty() => "exited".to_owned(),
+            n => n,
+        };
         let who = format!(
-            "agent {:?} (intent {}, pid {}, {})",
+            "agent {:?} (intent {}, pid {}, {process})",
             holder.identity.name,
             holder.identity.intent().as_deref().unwrap_or("none"),
             holder.caller.pid,
-            crate::guard::identity::proc_name(holder.caller.pid),
         );
         let d = Denial::new(
             Code::WriteLeased,
@@ -732,6 +736,11 @@ impl Fs {
         let mut found = Vec::new();
         let mut todo: Vec<u32> = writers.iter().map(|&p| p as u32).collect();
         todo.extend_from_slice(also);
+        // And every process of the handle's identity: a child that took the mapping over
+        // and whose parent exited between two looks is no one's descendant here, but it
+        // stays in the identity's cgroup, or becomes a child of its `intentfs run` (found
+        // open: forked after the close, `setsid`, parent gone, it wrote unrecorded).
+        todo.extend(self.gate.ids.member_roots(&h.identity.key()));
         // (A bound: a process tree of a few hundred is searched whole.)
         while let Some(pid) = todo.pop() {
             if seen.contains(&pid) || seen.len() >= 512 {

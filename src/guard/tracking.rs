@@ -510,6 +510,46 @@ impl Identities {
             .map(|g| g.ident.clone())
     }
 
+    /// Processes from which every member of the granted identity `key` is reached by
+    /// descent: the processes of its cgroup and of the cgroups below, or its anchor process
+    /// (`intentfs run`, a child subreaper: orphans of the agent become its children). None
+    /// for the default identity, or a gone anchor.
+    pub fn member_roots(&self, key: &str) -> Vec<u32> {
+        let anchor = match self.granted.read().get(key) {
+            Some(g) => g.anchor.clone(),
+            None => return Vec::new(),
+        };
+        match anchor {
+            Anchor::Process { pid, start } => proc_parent(pid)
+                .is_some_and(|(_, s)| s == start)
+                .then_some(pid)
+                .into_iter()
+                .collect(),
+            Anchor::Cgroup { dir, .. } => {
+                let mut pids = Vec::new();
+                let mut dirs = vec![dir];
+                // (A bound: an agent's cgroup tree of a few hundred groups is read whole.)
+                while let Some(d) = dirs.pop().filter(|_| pids.len() < 4096) {
+                    if let Ok(procs) = std::fs::read_to_string(d.join("cgroup.procs")) {
+                        pids.extend(
+                            procs
+                                .split_ascii_whitespace()
+                                .filter_map(|p| p.parse::<u32>().ok()),
+                        );
+                    }
+                    if let Ok(rd) = std::fs::read_dir(&d) {
+                        dirs.extend(
+                            rd.flatten()
+                                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                                .map(|e| e.path()),
+                        );
+                    }
+                }
+                pids
+            }
+        }
+    }
+
     /// How a granted identity is tracked (`cgroup` or `ancestry`).
     pub fn tracking_of(&self, key: &str) -> Option<&'static str> {
         self.granted.read().get(key).map(|g| g.anchor.kind())
