@@ -389,6 +389,28 @@ fn strip_words<'a>(mut s: &'a str, prefixes: &[&str]) -> &'a str {
     }
 }
 
+/// Whether a line can declare an item of `lang` at all: its first non-blank byte is the
+/// first letter of a word [`item_of`] starts from. Most lines of a file (bodies, comments,
+/// closing braces) are passed over without being decoded and matched word by word.
+fn may_declare(line: &[u8], lang: Lang) -> bool {
+    let Some(&b) = line.iter().find(|b| !b.is_ascii_whitespace()) else {
+        return false;
+    };
+    let firsts: &[u8] = match lang {
+        // pub async unsafe const extern default fn struct enum trait mod union
+        // macro_rules! impl
+        Lang::Rust => b"pacedfstmui",
+        // async def class
+        Lang::Python => b"adc",
+        // export default async declare abstract function class interface enum const let var
+        Lang::Js => b"edafcilv",
+        // func type
+        Lang::Go => b"ft",
+    };
+    // (Past other Unicode blanks, `item_of`'s trim decides.)
+    !b.is_ascii() || firsts.contains(&b)
+}
+
 /// The item a line declares (`fn parse`, `class Foo`, ...), if any.
 fn item_of(line: &str, lang: Lang) -> Option<String> {
     let t = line.trim_start();
@@ -528,7 +550,7 @@ impl<'a> LineCursor<'a> {
     fn have(&mut self, i: usize) -> bool {
         while self.lines.len() <= i && self.pos < self.text.len() {
             let rest = &self.text[self.pos..];
-            let end = rest.iter().position(|&b| b == b'\n').unwrap_or(rest.len());
+            let end = memchr::memchr(b'\n', rest).unwrap_or(rest.len());
             self.lines.push((self.pos, self.pos + end));
             self.pos += end + 1;
         }
@@ -552,7 +574,11 @@ fn items_in(text: &[u8], lang: Lang, ranges: &[(u32, u32)], limit: usize) -> Vec
         }
     };
     let mut lines = LineCursor::new(text);
-    let item = |l: &[u8]| item_of(&String::from_utf8_lossy(l), lang);
+    let item = |l: &[u8]| {
+        may_declare(l, lang)
+            .then(|| item_of(&String::from_utf8_lossy(l), lang))
+            .flatten()
+    };
     for &(s, e) in ranges {
         if out.len() >= limit {
             break;
@@ -591,6 +617,70 @@ fn items_in(text: &[u8], lang: Lang, ranges: &[(u32, u32)], limit: usize) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_letter_filter_never_hides_an_item() {
+        // Every line of this crate's sources, and lines in each language: wherever
+        // `item_of` finds an item, `may_declare` lets the line through.
+        let mut lines: Vec<String> = Vec::new();
+        let mut dirs = vec![std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src")];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(d).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    dirs.push(p);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    lines.extend(
+                        std::fs::read_to_string(p)
+                            .unwrap()
+                            .lines()
+                            .map(str::to_owned),
+                    );
+                }
+            }
+        }
+        let others = [
+            "async def f(x):",
+            "  class C(B):",
+            "def g():",
+            "export default async function* gen() {",
+            "declare abstract class K {}",
+            "interface I { x: number }",
+            "enum E { A }",
+            "let h = (x) => x;",
+            "var k = function () {};",
+            "const m = async () => 1;",
+            "func (r *R) Do() error {",
+            "type T struct {",
+            "\u{a0}fn odd() {}",
+            "pub(crate) unsafe extern \"C\" fn ffi() {}",
+            "macro_rules! m {",
+            "impl<T> Trait for X<T> {",
+            "union U { a: u8 }",
+        ];
+        lines.extend(others.iter().map(|s| s.to_string()));
+        let langs = [Lang::Rust, Lang::Python, Lang::Js, Lang::Go];
+        let mut found = 0;
+        for l in &lines {
+            for lang in langs {
+                if item_of(l, lang).is_some() {
+                    found += 1;
+                    assert!(may_declare(l.as_bytes(), lang), "{lang:?} would miss {l:?}");
+                }
+            }
+        }
+        assert!(found > 500, "only {found} items seen");
+        // And it does pass over lines that declare nothing.
+        for l in [
+            "    return x;",
+            "}",
+            "// fn commented()",
+            "    x += 1;",
+            "#[derive(Debug)]",
+        ] {
+            assert!(!may_declare(l.as_bytes(), Lang::Rust), "{l:?}");
+        }
+    }
 
     #[test]
     fn items_by_language() {

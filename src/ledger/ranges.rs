@@ -60,8 +60,7 @@ pub fn changed_ranges(old: &[u8], new: &[u8]) -> Option<Vec<(u32, u32)>> {
         if new.is_empty() {
             return Some(Vec::new());
         }
-        let lines =
-            new.iter().filter(|&&b| b == b'\n').count() + usize::from(!new.ends_with(b"\n"));
+        let lines = memchr::memchr_iter(b'\n', new).count() + usize::from(!new.ends_with(b"\n"));
         return Some(vec![(1, lines as u32)]);
     }
     let old_lines: Vec<&[u8]> = old.split_inclusive(|&b| b == b'\n').collect();
