@@ -389,26 +389,59 @@ fn strip_words<'a>(mut s: &'a str, prefixes: &[&str]) -> &'a str {
     }
 }
 
-/// Whether a line can declare an item of `lang` at all: its first non-blank byte is the
-/// first letter of a word [`item_of`] starts from. Most lines of a file (bodies, comments,
-/// closing braces) are passed over without being decoded and matched word by word.
-fn may_declare(line: &[u8], lang: Lang) -> bool {
+/// The words a declaration can begin with, by language: qualifiers [`item_of`] skips, then
+/// the keywords that name an item.
+const RUST_QUALIFIERS: &[&str] = &[
+    "pub(crate)",
+    "pub(super)",
+    "pub(self)",
+    "pub",
+    "async",
+    "unsafe",
+    "const",
+    "extern \"C\"",
+    "extern",
+    "default",
+];
+const RUST_KEYWORDS: &[&str] = &["fn", "struct", "enum", "trait", "mod", "union"];
+const RUST_MACRO: &str = "macro_rules!";
+const RUST_IMPL: &str = "impl";
+const PYTHON_QUALIFIERS: &[&str] = &["async"];
+const PYTHON_KEYWORDS: &[&str] = &["def", "class"];
+const JS_QUALIFIERS: &[&str] = &["export", "default", "async", "declare", "abstract"];
+const JS_KEYWORDS: &[&str] = &["function*", "function", "class", "interface", "enum"];
+/// `const name = (...) =>`: a binding that is a function.
+const JS_BINDINGS: &[&str] = &["const", "let", "var"];
+const GO_FUNC: &str = "func";
+const GO_TYPE: &str = "type";
+
+/// Whether a line can declare an item at all: its first non-blank byte is one of `firsts`,
+/// its language's [`first_bytes`]. Most lines of a file (bodies, comments, closing braces)
+/// are passed over without being decoded and matched word by word.
+fn may_declare(line: &[u8], firsts: &[u8]) -> bool {
     let Some(&b) = line.iter().find(|b| !b.is_ascii_whitespace()) else {
         return false;
     };
-    let firsts: &[u8] = match lang {
-        // pub async unsafe const extern default fn struct enum trait mod union
-        // macro_rules! impl
-        Lang::Rust => b"pacedfstmui",
-        // async def class
-        Lang::Python => b"adc",
-        // export default async declare abstract function class interface enum const let var
-        Lang::Js => b"edafcilv",
-        // func type
-        Lang::Go => b"ft",
-    };
     // (Past other Unicode blanks, `item_of`'s trim decides.)
     !b.is_ascii() || firsts.contains(&b)
+}
+
+/// The first byte of each word a declaration of `lang` can begin with (the lists above),
+/// for [`may_declare`].
+fn first_bytes(lang: Lang) -> Vec<u8> {
+    let lists: &[&[&str]] = match lang {
+        Lang::Rust => &[RUST_QUALIFIERS, RUST_KEYWORDS, &[RUST_MACRO, RUST_IMPL]],
+        Lang::Python => &[PYTHON_QUALIFIERS, PYTHON_KEYWORDS],
+        Lang::Js => &[JS_QUALIFIERS, JS_KEYWORDS, JS_BINDINGS],
+        Lang::Go => &[&[GO_FUNC, GO_TYPE]],
+    };
+    let mut firsts: Vec<u8> = lists
+        .iter()
+        .flat_map(|l| l.iter().map(|w| w.as_bytes()[0]))
+        .collect();
+    firsts.sort_unstable();
+    firsts.dedup();
+    firsts
 }
 
 /// The item a line declares (`fn parse`, `class Foo`, ...), if any.
@@ -416,22 +449,8 @@ fn item_of(line: &str, lang: Lang) -> Option<String> {
     let t = line.trim_start();
     match lang {
         Lang::Rust => {
-            let t = strip_words(
-                t,
-                &[
-                    "pub(crate)",
-                    "pub(super)",
-                    "pub(self)",
-                    "pub",
-                    "async",
-                    "unsafe",
-                    "const",
-                    "extern \"C\"",
-                    "extern",
-                    "default",
-                ],
-            );
-            for kw in ["fn", "struct", "enum", "trait", "mod", "union"] {
+            let t = strip_words(t, RUST_QUALIFIERS);
+            for kw in RUST_KEYWORDS {
                 if let Some(rest) = t
                     .strip_prefix(kw)
                     .filter(|r| r.starts_with(char::is_whitespace))
@@ -439,10 +458,11 @@ fn item_of(line: &str, lang: Lang) -> Option<String> {
                     return ident(rest.trim_start()).map(|n| format!("{kw} {n}"));
                 }
             }
-            if let Some(rest) = t.strip_prefix("macro_rules!") {
-                return ident(rest.trim_start()).map(|n| format!("macro_rules! {n}"));
+            if let Some(rest) = t.strip_prefix(RUST_MACRO) {
+                return ident(rest.trim_start()).map(|n| format!("{RUST_MACRO} {n}"));
             }
-            if t.starts_with("impl") && t[4..].starts_with(|c: char| c.is_whitespace() || c == '<')
+            if t.strip_prefix(RUST_IMPL)
+                .is_some_and(|r| r.starts_with(|c: char| c.is_whitespace() || c == '<'))
             {
                 let head = t.split('{').next().unwrap_or(t).trim();
                 let head = head.strip_suffix("where").unwrap_or(head).trim();
@@ -451,8 +471,8 @@ fn item_of(line: &str, lang: Lang) -> Option<String> {
             None
         }
         Lang::Python => {
-            let t = strip_words(t, &["async"]);
-            for kw in ["def", "class"] {
+            let t = strip_words(t, PYTHON_QUALIFIERS);
+            for kw in PYTHON_KEYWORDS {
                 if let Some(rest) = t
                     .strip_prefix(kw)
                     .filter(|r| r.starts_with(char::is_whitespace))
@@ -463,8 +483,8 @@ fn item_of(line: &str, lang: Lang) -> Option<String> {
             None
         }
         Lang::Js => {
-            let t = strip_words(t, &["export", "default", "async", "declare", "abstract"]);
-            for kw in ["function*", "function", "class", "interface", "enum"] {
+            let t = strip_words(t, JS_QUALIFIERS);
+            for kw in JS_KEYWORDS {
                 if let Some(rest) = t
                     .strip_prefix(kw)
                     .filter(|r| r.starts_with(char::is_whitespace))
@@ -474,14 +494,17 @@ fn item_of(line: &str, lang: Lang) -> Option<String> {
                 }
             }
             // `const name = (...) =>` / `= function`: top-level arrow functions.
-            let t2 = strip_words(t, &["const", "let", "var"]);
+            let t2 = strip_words(t, JS_BINDINGS);
             if t2.len() < t.len() && (line.contains("=>") || line.contains("function")) {
                 return ident(t2).map(|n| format!("function {n}"));
             }
             None
         }
         Lang::Go => {
-            if let Some(rest) = t.strip_prefix("func").filter(|r| r.starts_with([' ', '('])) {
+            if let Some(rest) = t
+                .strip_prefix(GO_FUNC)
+                .filter(|r| r.starts_with([' ', '(']))
+            {
                 let rest = rest.trim_start();
                 // Method: skip the receiver.
                 let rest = if rest.starts_with('(') {
@@ -493,8 +516,8 @@ fn item_of(line: &str, lang: Lang) -> Option<String> {
                 };
                 return ident(rest).map(|n| format!("func {n}"));
             }
-            if let Some(rest) = t.strip_prefix("type ") {
-                return ident(rest.trim_start()).map(|n| format!("type {n}"));
+            if let Some(rest) = t.strip_prefix(GO_TYPE).filter(|r| r.starts_with(' ')) {
+                return ident(rest.trim_start()).map(|n| format!("{GO_TYPE} {n}"));
             }
             None
         }
@@ -574,8 +597,9 @@ fn items_in(text: &[u8], lang: Lang, ranges: &[(u32, u32)], limit: usize) -> Vec
         }
     };
     let mut lines = LineCursor::new(text);
+    let firsts = first_bytes(lang);
     let item = |l: &[u8]| {
-        may_declare(l, lang)
+        may_declare(l, &firsts)
             .then(|| item_of(&String::from_utf8_lossy(l), lang))
             .flatten()
     };
@@ -665,7 +689,11 @@ mod tests {
             for lang in langs {
                 if item_of(l, lang).is_some() {
                     found += 1;
-                    assert!(may_declare(l.as_bytes(), lang), "{lang:?} would miss {l:?}");
+                    let firsts = first_bytes(lang);
+                    assert!(
+                        may_declare(l.as_bytes(), &firsts),
+                        "{lang:?} would miss {l:?}"
+                    );
                 }
             }
         }
@@ -678,7 +706,10 @@ mod tests {
             "    x += 1;",
             "#[derive(Debug)]",
         ] {
-            assert!(!may_declare(l.as_bytes(), Lang::Rust), "{l:?}");
+            assert!(
+                !may_declare(l.as_bytes(), &first_bytes(Lang::Rust)),
+                "{l:?}"
+            );
         }
     }
 
