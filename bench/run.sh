@@ -19,14 +19,18 @@
 #   --no-bindfs     skip bindfs even when installed
 #   --no-uring      skip intentfs-uring (intentfs mounted with --transport io-uring, beside
 #                   the /dev/fuse mount; it runs when enable_uring can be set, and is put
-#                   back at exit) and intentfs-uring-pt
+#                   back at exit), intentfs-uring-pt and intentfs-async
 #   --versions V    the content store (every version of every changed file kept, zstd):
 #                   on (default, as mounts run), off (the policy's versions.enabled: false),
 #                   or both: a second intentfs mount, intentfs-nover, with versions off,
 #                   beside the first, to read the store's cost from one run
-#   --no-pt         skip intentfs-pt and intentfs-uring-pt (intentfs with --data
-#                   passthrough: the kernel reads and writes files, decisions at open;
-#                   docs/passthrough.md), which run when the kernel offers FUSE passthrough
+#   --no-pt         skip intentfs-pt, intentfs-uring-pt and intentfs-async (intentfs with
+#                   --data passthrough: the kernel reads and writes files, decisions at open;
+#                   docs/passthrough.md), which run when the kernel offers FUSE passthrough.
+#                   intentfs-async is intentfs-uring-pt with --record async (a close is
+#                   answered before its entry is written; docs/ledger.md): its times end
+#                   when the command returns, and the entries still queued then are waited
+#                   for outside the time (in its daemon CPU), before the next target runs
 #   --with-peers    passthrough_hp is required: the run stops if it cannot be built or
 #                   mounted
 #   --no-peers      skip passthrough_hp. Default: its four modes run when
@@ -113,7 +117,7 @@ if command -v rg >/dev/null; then RG="rg -c fn ."; else RG="grep -r -c fn ."; fi
 # passthrough_hp, the peer: PASSTHROUGH_HP, else built (once; later runs find the binary).
 HP_MODES=(hp_dev hp_dev_pt hp_uring hp_uring_pt)
 declare -A HP_ARGS=([hp_dev]="--nopassthrough" [hp_dev_pt]="" [hp_uring]="-o io_uring --nopassthrough" [hp_uring_pt]="-o io_uring")
-declare -A NAME=([native]=native [intentfs]=intentfs [intentfs_nover]=intentfs-nover [intentfs_uring]=intentfs-uring [intentfs_pt]=intentfs-pt [intentfs_upt]=intentfs-uring-pt [bindfs]=bindfs [hp_dev]=hp-dev [hp_dev_pt]=hp-dev+pt [hp_uring]=hp-uring [hp_uring_pt]=hp-uring+pt)
+declare -A NAME=([native]=native [intentfs]=intentfs [intentfs_nover]=intentfs-nover [intentfs_uring]=intentfs-uring [intentfs_pt]=intentfs-pt [intentfs_upt]=intentfs-uring-pt [intentfs_async]=intentfs-async [bindfs]=bindfs [hp_dev]=hp-dev [hp_dev_pt]=hp-dev+pt [hp_uring]=hp-uring [hp_uring_pt]=hp-uring+pt)
 HP= HP_WHY=
 if [[ $PEERS != no ]]; then
     if [[ -n ${PASSTHROUGH_HP:-} ]]; then
@@ -169,12 +173,12 @@ mkdir -p "$fs/native" "$fs/ws/.orchestration" "$fs/bws"
 # intentfs variants mounted beside the /dev/fuse one: their mount options, workspaces and
 # mountpoints (the same binary and policy).
 # (intentfs-nover: the same mount with the content store off, for --versions both.)
-VARIANTS=(intentfs_nover intentfs_uring intentfs_pt intentfs_upt)
+VARIANTS=(intentfs_nover intentfs_uring intentfs_pt intentfs_upt intentfs_async)
 # (The /dev/fuse ones say so: the default transport is `auto`, which takes the ring
 # whenever enable_uring is Y, as it is for the io-uring variants.)
-declare -A VARGS=([intentfs_nover]="--transport dev-fuse" [intentfs_uring]="--transport io-uring" [intentfs_pt]="--transport dev-fuse --data passthrough" [intentfs_upt]="--transport io-uring --data passthrough")
-declare -A VWS=([intentfs_nover]=$fs/wsn [intentfs_uring]=$fs/wsu [intentfs_pt]=$fs/wsp [intentfs_upt]=$fs/wsq)
-declare -A VMNT=([intentfs_nover]=$tmp/nmnt [intentfs_uring]=$tmp/umnt [intentfs_pt]=$tmp/pmnt [intentfs_upt]=$tmp/qmnt)
+declare -A VARGS=([intentfs_nover]="--transport dev-fuse" [intentfs_uring]="--transport io-uring" [intentfs_pt]="--transport dev-fuse --data passthrough" [intentfs_upt]="--transport io-uring --data passthrough" [intentfs_async]="--transport io-uring --data passthrough --record async")
+declare -A VWS=([intentfs_nover]=$fs/wsn [intentfs_uring]=$fs/wsu [intentfs_pt]=$fs/wsp [intentfs_upt]=$fs/wsq [intentfs_async]=$fs/wsa)
+declare -A VMNT=([intentfs_nover]=$tmp/nmnt [intentfs_uring]=$tmp/umnt [intentfs_pt]=$tmp/pmnt [intentfs_upt]=$tmp/qmnt [intentfs_async]=$tmp/amnt)
 declare -A VDAEMON VKEY VWHY
 for v in "${VARIANTS[@]}"; do mkdir -p "${VWS[$v]}/.orchestration" "${VMNT[$v]}"; done
 [[ -n $HP ]] && for m in "${HP_MODES[@]}"; do mkdir -p "$fs/$m" "$tmp/m_$m"; done
@@ -474,6 +478,10 @@ timed() {
     t1=$(now_us)
     us=$((t1 - t0))
     ((${INNER:-0})) && us=$(tail -1 "$base.out")
+    # --record async: the entries of the workload's last closes are written after it
+    # returned. Waited for here (opening status does), outside the time and inside the
+    # daemon's CPU, so the next target's run does not share the CPUs with them.
+    [[ ${VARGS[$tg]:-} == *"--record async"* ]] && cat "${ACC[$tg]}/.intentfs/status" >/dev/null 2>&1
     [[ -n $pid ]] && c1=$(cpu_ticks "$pid")
     [[ -n ${c0:-} && -n ${c1:-} ]] && CPU_DELTA[$wl.$tg]+="$((c1 - c0)) "
     if [[ $tg == intentfs ]]; then
@@ -765,7 +773,7 @@ for wl in "${WLS[@]}"; do
 done
 echo "(medians over $ROUNDS round(s), ms; ratio = to native; seq = $SEQ_MIB MiB$( ((CAN_DROP)) || echo ', cold reads NOT cold'))"
 ((${#HPS[@]})) && echo "(best hp = the fastest passthrough_hp mode of the workload; vs best = intentfs / that mode's time;"
-((${#HPS[@]})) && echo " uring / pt / uring-pt vs best = that intentfs variant / that mode's time)"
+((${#HPS[@]})) && echo " uring / pt / uring-pt / async vs best = that intentfs variant / that mode's time; async = uring-pt with --record async)"
 
 # The content store's cost: intentfs (versions on) over intentfs-nover (versions off).
 if [[ -n ${VDAEMON[intentfs_nover]:-} ]]; then

@@ -225,6 +225,7 @@ pub fn control(data: &[u8]) {
         open_handles: 0,
         transport: None,
         data: "daemon",
+        record: "sync",
         counters: serde_json::Value::Null,
         pending: serde_json::json!([]),
         lessons_file: "CLAUDE.md".into(),

@@ -137,6 +137,8 @@ pub struct StatusInfo {
     pub transport: Option<String>,
     /// How regular files' data travels: `daemon` or `passthrough` (`--data`).
     pub data: &'static str,
+    /// When a close's entry is written: `sync` or `async` (`--record`).
+    pub record: &'static str,
     pub counters: serde_json::Value,
     /// Requests waiting for a human.
     pub pending: serde_json::Value,
@@ -225,7 +227,7 @@ pub fn render(
             let v = serde_json::json!({
                 "mount": { "workspace": i.workspace, "mountpoint": i.mountpoint, "policy": i.policy,
                            "policy_reload_error": i.policy_error, "nodes": i.nodes, "open_handles": i.open_handles,
-                           "identity_tracking": ids.tracking(), "transport": i.transport, "data": i.data,
+                           "identity_tracking": ids.tracking(), "transport": i.transport, "data": i.data, "record": i.record,
                            "lessons_file": i.lessons_file },
                 "identities": idents,
                 "pending_approvals": i.pending,

@@ -716,10 +716,13 @@ os.close(fd)
     let out = run_timeout(c, Duration::from_secs(60));
     assert!(out.status.success(), "{out:?}");
     assert_eq!(tm.ws_bytes("docs/p.md"), b"BBBB\n");
+    // (With --record async the dup's close is hashed once the recorder gets to it: the
+    // second write through the page may be in it already. Its last entry is below.)
     assert!(
         entries(&tm, "WRITE", "docs/p.md")
             .iter()
-            .any(|e| e["content_hash"] == sha(b"AAAA\n").as_str()),
+            .any(|e| e["content_hash"] == sha(b"AAAA\n").as_str()
+                || tm.records_async() && e["content_hash"] == sha(b"BBBB\n").as_str()),
         "the close after the first mapped write was not recorded: {:#?}",
         entries(&tm, "WRITE", "docs/p.md")
     );

@@ -177,6 +177,9 @@ except OSError:
 
 #[test]
 fn kill_9_during_rename_and_delete_storms_loses_no_acknowledged_entry() {
+    if skip_under_record_async("a returned close is on record only with --record sync (record_async.rs has the async side)") {
+        return;
+    }
     let seed = seed();
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     eprintln!("seed {seed}");

@@ -717,6 +717,9 @@ except OSError as e:
 
 #[test]
 fn kill_9_during_a_storm_loses_no_acknowledged_entry() {
+    if skip_under_record_async("a returned close is on record only with --record sync (record_async.rs has the async side)") {
+        return;
+    }
     let mut tm = TestMount::builder()
         .policy(ALLOW_ALL)
         .intent("ALL")

@@ -122,6 +122,7 @@ pub fn resolve(
         }
     };
     let ledger = ledger.unwrap_or_else(|| crate::ledger::default_ledger_path(&ws));
+    settle_mounts_of(&ws);
     if !ledger.is_file() {
         anyhow::bail!(
             "no ledger at {:?} (give the workspace, or --ledger FILE)",
@@ -129,6 +130,28 @@ pub fn resolve(
         );
     }
     Ok((ws, ledger, explicit))
+}
+
+/// Every mount of `ws` records the closes it still owes (`--record async`) before the
+/// ledger is read: opening a mount's `.intentfs/status` waits for them. A mount that does
+/// not answer within 5 s (a stopped daemon) is passed over: its ledger is read as it is.
+fn settle_mounts_of(ws: &Path) {
+    let ws = ws.canonicalize().unwrap_or_else(|_| ws.to_path_buf());
+    for (mp, src) in super::runtime::mounts_with_sources() {
+        if src != ws {
+            continue;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("settle".into())
+            .spawn(move || {
+                let _ = std::fs::File::open(mp.join(".intentfs/status"));
+                let _ = tx.send(());
+            });
+        if spawned.is_ok() {
+            let _ = rx.recv_timeout(std::time::Duration::from_secs(5));
+        }
+    }
 }
 
 /// Every entry of the ledger at `ledger` (line number, entry), or an error naming the file.

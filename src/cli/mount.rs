@@ -18,6 +18,7 @@ use nix::unistd::ForkResult;
 
 use super::runtime;
 use crate::approval::{Broker, BrokerConfig, Mode};
+use crate::fs::recorder::RecordMode;
 use crate::fs::{Fs, FsConfig};
 use crate::fuse::{Data, MountSpec, Mounted, Transport};
 use crate::guard::{Guard, Identities, Protected, Rules};
@@ -132,6 +133,21 @@ pub struct MountArgs {
         env = "INTENTFS_DATA"
     )]
     pub data: Data,
+    /// When the entry of a file's close is written: `sync` (before `close()` returns: a
+    /// returned close is on record, even if the daemon is killed right after) or `async`
+    /// (right after the reply, in order, by a thread of its own: `close()` does not wait
+    /// for the hash, the kept version and the entry; a later change of the same file waits
+    /// for its entry; a daemon killed with closes queued, at most 256, loses their entries
+    /// and `intentfs ledger verify` reports those files as drift). See docs/ledger.md.
+    /// INTENTFS_RECORD sets it too.
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = RecordMode::Sync,
+        value_name = "WHEN",
+        env = "INTENTFS_RECORD"
+    )]
+    pub record: RecordMode,
     /// Daemon log file [default: the mount's runtime directory, /run/intentfs/...].
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
@@ -171,6 +187,7 @@ impl MountArgs {
             low_latency: false,
             transport: Transport::Auto,
             data: Data::Daemon,
+            record: RecordMode::Sync,
             log: None,
             otlp: None,
             store: None,
@@ -796,6 +813,11 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
             .map_err(|e| anyhow!("--low-latency: {}: {e}", crate::latency::DEVICE))?;
         let _ = fs.low_latency.set(ll);
     }
+    if plan.args.record == RecordMode::Async {
+        fs.start_recorder()
+            .map_err(|e| anyhow!("--record async: cannot start the recorder thread: {e}"))?;
+    }
+    tracing::info!("record: {}", plan.args.record.name());
     let fs = Arc::new(fs);
     let fs_weak = Arc::downgrade(&fs);
     spawn_temp_sweeper(Arc::downgrade(&fs));
@@ -838,6 +860,7 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
             "identity_tracking": ids.tracking(),
             "require_read": plan.args.require_read,
             "breaker": plan.args.breaker,
+            "record": plan.args.record.name(),
             "store": plan.store_dir.display().to_string(),
         })),
         ..Default::default()
@@ -895,6 +918,8 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
     );
     let result = mounted.run();
     if let Some(fs) = fs_weak.upgrade() {
+        // `--record async`: the closes still queued are recorded before the unmount is.
+        fs.settle_records();
         fs.gate.bursts.flush(&ledger, true);
     }
     broker.shutdown();

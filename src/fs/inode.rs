@@ -144,6 +144,10 @@ pub struct InodeTable {
     root: Arc<Node>,
     /// See [`InodeTable::stale_locks`].
     stale_locks: Vec<Mutex<()>>,
+    /// Files whose close was answered before its entry was written (see
+    /// [`super::recorder`]): a stale-checked change of one waits until its entry is on record.
+    pending: Mutex<HashMap<(u64, u64), u32>>,
+    recorded: parking_lot::Condvar,
     /// Closes the handles of forgotten nodes (see [`super::closer`]).
     closer: super::closer::Closer,
 }
@@ -183,6 +187,8 @@ impl InodeTable {
             lru: Mutex::new(VecDeque::new()),
             root,
             stale_locks: (0..STALE_STRIPES).map(|_| Mutex::new(())).collect(),
+            pending: Mutex::new(HashMap::new()),
+            recorded: parking_lot::Condvar::new(),
             closer: super::closer::Closer::start(),
         })
     }
@@ -503,6 +509,24 @@ impl InodeTable {
     /// the given backing inodes `(dev, ino)` (striped; taken in a fixed order, so holding
     /// several never deadlocks).
     pub fn stale_locks(&self, keys: &[(u64, u64)]) -> Vec<parking_lot::MutexGuard<'_, ()>> {
+        loop {
+            let guards = self.stripes(keys);
+            // A file whose entry is still being written by the recorder is not changed
+            // before it is on record (the recorder itself records in order, and passes).
+            if super::recorder::is_recorder() {
+                return guards;
+            }
+            let mut pending = self.pending.lock();
+            if pending.is_empty() || !keys.iter().any(|k| pending.contains_key(k)) {
+                return guards;
+            }
+            drop(guards);
+            self.recorded.wait(&mut pending);
+        }
+    }
+
+    /// The stale locks' stripes for `keys`, locked in a fixed order.
+    fn stripes(&self, keys: &[(u64, u64)]) -> Vec<parking_lot::MutexGuard<'_, ()>> {
         let mut idx: Vec<usize> = keys
             .iter()
             .map(|(d, i)| {
@@ -516,6 +540,39 @@ impl InodeTable {
         idx.into_iter()
             .map(|i| self.stale_locks[i].lock())
             .collect()
+    }
+
+    /// Mark `key`'s entry as owed: stale-checked changes of it wait until
+    /// [`InodeTable::settle`]. Taken under the file's stale lock, so a change already
+    /// under way finishes first (an entry already owed is not waited for: this one is
+    /// queued after it).
+    pub fn owe(&self, key: (u64, u64)) {
+        let _g = self.stripes(&[key]);
+        *self.pending.lock().entry(key).or_default() += 1;
+    }
+
+    /// The entry owed for `key` is on record (or given up).
+    pub fn settle(&self, key: (u64, u64)) {
+        let mut pending = self.pending.lock();
+        if let Some(n) = pending.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                pending.remove(&key);
+            }
+        }
+        drop(pending);
+        self.recorded.notify_all();
+    }
+
+    /// Wait until no entry is owed for `key`.
+    pub fn wait_settled(&self, key: (u64, u64)) {
+        if super::recorder::is_recorder() {
+            return;
+        }
+        let mut pending = self.pending.lock();
+        while pending.contains_key(&key) {
+            self.recorded.wait(&mut pending);
+        }
     }
 
     /// Workspace-relative path of a node by its primary names, as the daemon knows it.

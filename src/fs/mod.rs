@@ -20,6 +20,7 @@ mod lesson;
 pub mod operator;
 pub mod ops;
 pub mod output;
+pub mod recorder;
 mod stale;
 pub mod sys;
 pub mod temps;
@@ -246,6 +247,8 @@ pub struct Fs {
     pub otlp: std::sync::OnceLock<Arc<crate::telemetry::Stats>>,
     /// The content store and what was decided about recent versions.
     pub(crate) versions: versions::Versions,
+    /// Writes a close's entry after its reply (see [`recorder`]), when on.
+    pub(crate) recorder: std::sync::OnceLock<recorder::Recorder>,
 }
 
 impl Fs {
@@ -279,6 +282,7 @@ impl Fs {
             low_latency: std::sync::OnceLock::new(),
             otlp: std::sync::OnceLock::new(),
             versions: versions::Versions::default(),
+            recorder: std::sync::OnceLock::new(),
         })
     }
 
@@ -311,6 +315,39 @@ impl Fs {
     /// Kernel passthrough of file data is on (`--data passthrough`, negotiated).
     pub fn data_passthrough(&self) -> bool {
         self.data_passthrough.load(Ordering::Relaxed)
+    }
+
+    /// `--record async`: closes are recorded after their reply (see [`recorder`]).
+    pub fn start_recorder(&self) -> std::io::Result<()> {
+        if self.recorder.get().is_none() {
+            let _ = self.recorder.set(recorder::Recorder::start()?);
+        }
+        Ok(())
+    }
+
+    /// When a close's entry is written (`--record`).
+    pub fn record_mode(&self) -> recorder::RecordMode {
+        if self.recorder.get().is_some() {
+            recorder::RecordMode::Async
+        } else {
+            recorder::RecordMode::Sync
+        }
+    }
+
+    /// Return once every entry owed by the recorder is on record (at once with `--record
+    /// sync`): before an intent switch, a status, the unmount.
+    pub fn settle_records(&self) {
+        if let Some(r) = self.recorder.get() {
+            r.drain();
+        }
+    }
+
+    /// Wait until the entries owed for `node`'s file are on record (before a change of its
+    /// attributes, links or extended attributes is made and recorded).
+    pub(crate) fn settled(&self, node: &inode::Node) {
+        if self.recorder.get().is_some() {
+            self.table.wait_settled((node.dev, node.ino));
+        }
     }
 
     /// How regular files' data travels, as the log and `.intentfs/status` say it.

@@ -940,10 +940,13 @@ impl Fs {
             // moves the stamp.)
             self.hashes.forget(h.node.dev, h.node.ino);
         }
+        // (Through the handle's own file when the node's handle is gone: a file renamed
+        // over and forgotten by the kernel before a `--record async` close is recorded.)
         let reopened = self
             .fd(&h.node)
             .ok()
-            .and_then(|fd| sys::reopen_quiet(self.proc_fd.as_fd(), fd.as_fd()).ok());
+            .and_then(|fd| sys::reopen_quiet(self.proc_fd.as_fd(), fd.as_fd()).ok())
+            .or_else(|| sys::reopen_quiet(self.proc_fd.as_fd(), h.file.as_fd()).ok());
         if let Some(f) = reopened {
             let small = if untracked(&rel) {
                 None

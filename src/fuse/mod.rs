@@ -416,7 +416,7 @@ impl Filesystem for FuseFs {
         self.answer(
             Op::Flush,
             reply,
-            |fs| fs.flush(&caller(req), fh.0),
+            |_| self.fs.flush(&caller(req), fh.0),
             |r, ()| r.ok(),
         );
     }
@@ -435,9 +435,12 @@ impl Filesystem for FuseFs {
             Op::Release,
             reply,
             |_| {
+                // (`--record async`: the file is marked first, so that its next change,
+                // which may already be on its way to another thread, waits for this.)
+                let owed = self.fs.release_owed(fh.0);
                 self.pt.release(fh.0);
                 // (The Arc: a handle whose file stays mapped lingers on a thread.)
-                self.fs.release(fh.0)
+                self.fs.release_queued(fh.0, owed)
             },
             |r, ()| r.ok(),
         );

@@ -90,6 +90,8 @@ impl Fs {
             return err(libc::EPERM);
         }
         let node = self.node(nodeid)?;
+        // (`--record async`: after the entry of the file's last close.)
+        self.settled(&node);
         // Only a regular file has a size to set: refuse before anything else changes (a
         // request may carry a mode or owner with the size).
         if a.size.is_some() && !node.is_reg() {

@@ -16,6 +16,10 @@ impl Fs {
             return err(libc::EACCES);
         }
         let ident = self.gate.ids.resolve(caller.pid);
+        if f == CtlFile::Status {
+            // What it says includes every close made before it was opened.
+            self.settle_records();
+        }
         let rules = self.gate.guard.rules();
         let content = control::render(f, &ident, &self.gate.ids, &rules.policy, &|| {
             self.status_info()
@@ -43,6 +47,7 @@ impl Fs {
             open_handles: self.table.open_handles(),
             transport: self.transport.get().cloned(),
             data: self.data_mode(),
+            record: self.record_mode().name(),
             lessons_file: self
                 .gate
                 .guard
@@ -79,6 +84,15 @@ impl Fs {
                     })
                 }),
                 "requests": self.counters.requests.to_json(),
+                // `--record async`: closes recorded after their reply.
+                "record": self.recorder.get().map(|r| {
+                    let st = &r.stats;
+                    serde_json::json!({
+                        "queued": st.queued.load(Ordering::Relaxed),
+                        "done": st.done.load(Ordering::Relaxed),
+                        "failures": st.failures.load(Ordering::Relaxed),
+                    })
+                }),
                 "otlp": self.otlp.get().map(|s| s.to_json()),
                 "low_latency": self.low_latency.get().map(|l| {
                     let (bursts, held_ms) = l.stats();
@@ -109,6 +123,11 @@ impl Fs {
             return self.query_ctl(caller, &mut c, &text).map(|()| data.len());
         }
         let ident = self.gate.ids.resolve(caller.pid);
+        if c.file == CtlFile::Intent {
+            // `--record async`: the closes made under the intent being left are recorded
+            // under it.
+            self.settle_records();
+        }
         // (Held until the switch is on record: see `Fs::intent_switch`.)
         let _switch = (c.file == CtlFile::Intent && self.data_passthrough())
             .then(|| self.intent_switch.write());

@@ -174,6 +174,7 @@ impl Fs {
         if node.is_dir() {
             return err(libc::EPERM);
         }
+        self.settled(&node);
         // Both names count: the existing one (a link shares the inode, so writing through
         // the new name changes the old one) and the new one.
         let (ident, from) = self.authorize_node(caller, Operation::Link, &node)?;

@@ -455,7 +455,7 @@ impl Fs {
         Ok(data.len())
     }
 
-    pub fn flush(&self, caller: &Caller, fh: u64) -> Result<()> {
+    pub fn flush(self: &Arc<Self>, caller: &Caller, fh: u64) -> Result<()> {
         if self.ctl_handle(fh).is_some() {
             return Ok(());
         }
@@ -486,6 +486,21 @@ impl Fs {
                     w.mapped = true;
                 }
             }
+            if let Some(rec) = self.recorder.get() {
+                // The entry is written after the reply, by the recorder; the file is marked
+                // as owing it first, so the agent's next change of it waits for it.
+                let key = (h.node.dev, h.node.ino);
+                self.table.owe(key);
+                let fs = self.clone();
+                let job: Box<dyn FnOnce() + Send> = Box::new(move || {
+                    if let Err(e) = fs.record_write_noting(&h) {
+                        rec_failed(&fs, &h, &e);
+                    }
+                    fs.table.settle(key);
+                });
+                rec.queue(job);
+                return Ok(());
+            }
             self.record_write_noting(&h)?;
         }
         Ok(())
@@ -496,7 +511,10 @@ impl Fs {
             return Ok(());
         }
         let h = self.file_handle(fh)?;
-        Ok(sys::fsync(&h.file, datasync)?)
+        sys::fsync(&h.file, datasync)?;
+        // (`--record async`: a file made durable has its entries on record too.)
+        self.settled(&h.node);
+        Ok(())
     }
 
     /// The WRITE entry of a handle, and the identity's view under the names it opened the
@@ -518,6 +536,45 @@ impl Fs {
         r
     }
 
+    /// `--record async`: a write handle's release may still record (what changed since
+    /// its last close, a mapping's writes) and ends its lease, so its file is marked as
+    /// owing an entry ([`inode::InodeTable::owe`]) as soon as the release arrives: the file's
+    /// next stale-checked change (the same agent opening it again, another identity's
+    /// write open) waits until the release has run. Returns the file to settle after it.
+    pub fn release_owed(&self, fh: u64) -> Option<(u64, u64)> {
+        self.recorder.get()?;
+        let h = match self.handles.lock().get(&fh) {
+            Some(Handle::File(h)) => h.clone(),
+            _ => return None,
+        };
+        // (A handle that may change its file: write access, `O_TRUNC`, a create.)
+        drop(h.write_state()?);
+        let key = (h.node.dev, h.node.ino);
+        self.table.owe(key);
+        Some(key)
+    }
+
+    /// [`Fs::release`], after the entries the recorder owes (when it is on): nobody waits
+    /// for a release's reply, and its work comes after the close's entry anyway.
+    /// (`key`: from [`Fs::release_owed`]; a handle without one, opened to read only, is
+    /// released at once: it records nothing.)
+    pub fn release_queued(self: &Arc<Self>, fh: u64, key: Option<(u64, u64)>) -> Result<()> {
+        if let Some(rec) = self.recorder.get().filter(|_| key.is_some()) {
+            let fs = self.clone();
+            let job: Box<dyn FnOnce() + Send> = Box::new(move || {
+                if let Err(e) = fs.release(fh) {
+                    tracing::warn!(error = ?e, fh, "--record async: releasing a handle after its reply failed");
+                }
+                if let Some(k) = key {
+                    fs.table.settle(k);
+                }
+            });
+            rec.queue(job);
+            return Ok(());
+        }
+        self.release(fh)
+    }
+
     pub fn release(self: &Arc<Self>, fh: u64) -> Result<()> {
         if let Some(Handle::File(h)) = self.take_handle(fh) {
             // A passthrough handle's changes so far are hashed now (and afresh when the
@@ -526,7 +583,19 @@ impl Fs {
             // closed a descriptor of the handle, and their descendants.)
             let mappers = self.pt_mappers(&h, &[]);
             let mapped = !mappers.is_empty();
-            self.pt_changed(&h);
+            // A change since this handle's last entry while a newer write handle of the same
+            // identity is open on the file is that handle's to record at its close (the
+            // kernel may deliver this release after the agent already opened the file again
+            // and truncated it: that truncation is not this handle's doing). Changes this
+            // handle is known to have made are recorded all the same.
+            let newer = h.writable
+                && h.node
+                    .open_file_handles()
+                    .iter()
+                    .any(|o| o.writable && !Arc::ptr_eq(o, &h) && o.identity.key == h.identity.key);
+            if !newer || mapped {
+                self.pt_changed(&h);
+            }
             if let Some(mut w) = h.write_state().filter(|w| w.pt && (w.mapped || mapped)) {
                 w.dirty = true;
                 w.mapped = true;
@@ -606,4 +675,19 @@ impl Fs {
         let h = self.file_handle(fh)?;
         Ok(sys::lseek(&h.file, offset, whence)?)
     }
+}
+
+/// A close's entry the recorder could not write: said in the daemon log and counted in
+/// `.intentfs/status` (`counters.record.failures`).
+fn rec_failed(fs: &Fs, h: &FileHandle, e: &FsError) {
+    if let Some(r) = fs.recorder.get() {
+        r.stats
+            .failures
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    tracing::error!(
+        error = ?e,
+        path = %fs.display_rel(&h.node).display(),
+        "--record async: the entry of a close could not be written"
+    );
 }

@@ -61,6 +61,7 @@ impl Fs {
         if node.is_symlink() {
             return err(libc::EPERM);
         }
+        self.settled(&node);
         let (ident, rel) = self.authorize_node(caller, op, &node)?;
         let fd = self.fd(&node)?;
         act(fd.as_fd())?;
