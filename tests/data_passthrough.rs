@@ -19,31 +19,14 @@ use std::time::Duration;
 use common::*;
 use serde_json::Value;
 
-const TWO: &str = r#"
-intents:
-  - id: ALL
-    name: everything
-    status: IN_PROGRESS
-    owned_scope: ["**"]
-  - id: DOCS
-    name: docs only
-    status: IN_PROGRESS
-    owned_scope: ["docs/**"]
-"#;
-
 fn mount(files: &[(&str, &str)]) -> TestMount {
     TestMount::builder()
-        .policy(TWO)
+        .policy(ALL_AND_DOCS)
         .intent("ALL")
         .arg("--data")
         .arg("passthrough")
         .files(files)
         .mount()
-}
-
-fn sha(b: &[u8]) -> String {
-    use sha2::Digest;
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(b)))
 }
 
 /// The kernel really did the I/O: no READ or WRITE request reached the daemon.
@@ -389,7 +372,7 @@ fn staleness_and_scope_are_decided_at_open() {
 fn git_works_and_its_objects_are_intact() {
     // (`git init` writes .git/hooks, which no agent may: the repository exists before.)
     let tm = TestMount::builder()
-        .policy(TWO)
+        .policy(ALL_AND_DOCS)
         .intent("ALL")
         .arg("--data")
         .arg("passthrough")
@@ -602,7 +585,7 @@ print('unmapped', flush=True)
 #[test]
 fn a_mapping_in_a_workspace_under_dev_shm_keeps_the_lease() {
     let tm = TestMount::builder()
-        .policy(TWO)
+        .policy(ALL_AND_DOCS)
         .intent("ALL")
         .arg("--data")
         .arg("passthrough")
@@ -1079,8 +1062,8 @@ os.close(fd)
     ));
     alice.expect("held");
     // The human narrows ALL to src/ (directly in the workspace).
-    let narrowed = TWO.replacen(r#"owned_scope: ["**"]"#, r#"owned_scope: ["src/**"]"#, 1);
-    assert_ne!(narrowed, TWO);
+    let narrowed = ALL_AND_DOCS.replacen(r#"owned_scope: ["**"]"#, r#"owned_scope: ["src/**"]"#, 1);
+    assert_ne!(narrowed, ALL_AND_DOCS);
     std::fs::write(tm.w(common::POLICY_REL), narrowed).unwrap();
     assert!(
         wait_until(Duration::from_secs(10), || !run(
@@ -1108,7 +1091,7 @@ os.close(fd)
 #[test]
 fn accepted_limit_a_handle_open_before_the_breaker_trips_keeps_writing_on_record() {
     let tm = TestMount::builder()
-        .policy(TWO)
+        .policy(ALL_AND_DOCS)
         .intent("ALL")
         .arg("--data")
         .arg("passthrough")
@@ -1226,7 +1209,7 @@ fn uid_layout(files: &[(&str, &str)]) -> Option<(common::deploy::Layout, common:
     if skip_unless(is_root() && have("setpriv"), "needs root (another uid)") {
         return None;
     }
-    let l = Layout::with(TWO, files);
+    let l = Layout::with(ALL_AND_DOCS, files);
     chown_r(&l.ws, AGENT_UID);
     let m = l.mount_env(
         &[

@@ -122,15 +122,7 @@ fn fill(dir: &Path, name: &str) {
 
 /// Kill the `--foreground` daemon with SIGKILL and detach its dead mount.
 fn kill_9(tm: &mut TestMount) {
-    let mut d = tm.take_child();
-    d.kill().unwrap();
-    d.wait().unwrap();
-    let st = Command::new("umount")
-        .arg("-l")
-        .arg(&tm.mnt)
-        .status()
-        .unwrap();
-    assert!(st.success(), "umount -l of the dead mount");
+    tm.kill_daemon();
 }
 
 /// Ledger lines that parse (a torn last line is skipped: the next mount repairs it).

@@ -766,12 +766,7 @@ fn kill_9_during_a_storm_loses_no_acknowledged_entry() {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    let st = Command::new("umount")
-        .arg("-l")
-        .arg(&tm.mnt)
-        .status()
-        .unwrap();
-    assert!(st.success(), "umount -l of the dead mount");
+    tm.detach_dead();
 
     let lp = tm.w(LEDGER_REL);
     let raw = std::fs::read(&lp).unwrap();

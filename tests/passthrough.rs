@@ -28,11 +28,6 @@ fn cpath(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).unwrap()
 }
 
-fn sha(b: &[u8]) -> String {
-    use sha2::Digest;
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(b)))
-}
-
 #[test]
 fn std_fs_create_read_write_append_seek() {
     let tm = mount_with(&[]);

@@ -17,30 +17,13 @@ use std::process::{Command, Stdio};
 use common::*;
 use serde_json::Value;
 
-const TWO: &str = r#"
-intents:
-  - id: ALL
-    name: everything
-    status: IN_PROGRESS
-    owned_scope: ["**"]
-  - id: DOCS
-    name: docs only
-    status: IN_PROGRESS
-    owned_scope: ["docs/**"]
-"#;
-
-fn sha(b: &[u8]) -> String {
-    use sha2::Digest;
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(b)))
-}
-
 fn mount(data: &str) -> TestMount {
     mount_with(data, "async")
 }
 
 fn mount_with(data: &str, record: &str) -> TestMount {
     TestMount::builder()
-        .policy(TWO)
+        .policy(ALL_AND_DOCS)
         .intent("ALL")
         .arg("--record")
         .arg(record)
@@ -64,11 +47,24 @@ fn python(tm: &TestMount, script: &str) {
         .current_dir(&tm.mnt)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "python failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(out, "python");
+}
+
+/// `intentfs ledger verify --json WS`: whether it passed, and its report.
+fn verify(ws: &std::path::Path) -> (bool, Value) {
+    let out = intentfs()
+        .args(["ledger", "verify", "--json"])
+        .arg(ws)
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "ledger verify --json ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.success(), v)
 }
 
 /// 300 files written and closed one after another, as `tar x` does: once settled, every
@@ -99,13 +95,8 @@ fn every_close_ends_on_record_with_its_hash() {
                 .unwrap_or_else(|| panic!("{data}: no WRITE of {rel}"));
             assert_eq!(last["content_hash"], sha(&bytes), "{data}: {rel}: {last}");
         }
-        let out = intentfs()
-            .args(["ledger", "verify", "--json"])
-            .arg(&tm.ws)
-            .output()
-            .unwrap();
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert!(out.status.success(), "{data}: verify: {v}");
+        let (passed, v) = verify(&tm.ws);
+        assert!(passed, "{data}: verify: {v}");
         assert_eq!(v["drift"], serde_json::json!([]), "{data}: {v}");
         // Every hash named resolves in the store: kept before its entry was written.
         for e in &ledger {
@@ -169,7 +160,7 @@ for i in range(100):
     os.unlink('kept.rs')
 "#,
         );
-        let ledger = tm.mutations();
+        let ledger = without_rerecords(tm.mutations());
         // The temporary file: WRITE of t.tmp with its content, then the RENAME, each time.
         let t: Vec<&Value> = ledger
             .iter()
@@ -233,6 +224,31 @@ for i in range(100):
     }
 }
 
+/// The entries less the `WRITE`s that record again the content already on record for
+/// their path. The kernel delivers a handle's release when it likes: on a loaded machine
+/// it can come after the agent closed the file, changed its name or mode, or wrote it
+/// again through a newer handle and closed that too; the release then finds the file
+/// changed since its own close and records what is there, which the later entries already
+/// did (both record modes). A release that comes while a newer handle of the same identity
+/// has the file open leaves the change to it (that is not a re-record: it would be a
+/// truncation taken for the old handle's content, and the test fails on it).
+fn without_rerecords(entries: Vec<Value>) -> Vec<Value> {
+    let mut last: HashMap<String, Value> = HashMap::new();
+    entries
+        .into_iter()
+        .filter(|e| {
+            let path = e["path"].as_str().unwrap_or("").to_string();
+            let h = e["content_hash"].clone();
+            let again =
+                e["mutation_type"] == "WRITE" && h.is_string() && last.get(&path) == Some(&h);
+            if h.is_string() {
+                last.insert(path, h);
+            }
+            !again
+        })
+        .collect()
+}
+
 /// A close made under one intent is recorded under it, even when the agent switches
 /// intent right after (the switch waits for the queue).
 #[test]
@@ -265,12 +281,7 @@ fn intentfs_log_right_after_a_close_shows_it() {
             .arg(&tm.ws)
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = ok(out, "intentfs log");
         assert!(
             text.contains("\"WRITE\"")
                 && text.contains(&sha(format!("fn n{i}() {{}}\n").as_bytes())),
@@ -285,7 +296,7 @@ fn intentfs_log_right_after_a_close_shows_it() {
 #[test]
 fn a_killed_daemon_loses_only_queued_closes_and_verify_names_each() {
     let mut tm = TestMount::builder()
-        .policy(TWO)
+        .policy(ALL_AND_DOCS)
         .intent("ALL")
         .arg("--record")
         .arg("async")
@@ -311,32 +322,13 @@ fn a_killed_daemon_loses_only_queued_closes_and_verify_names_each() {
         let n = std::io::BufRead::read_line(&mut out, &mut line).unwrap();
         assert!(n > 0, "the writer stopped after {k} files");
     }
-    let mut daemon = tm.take_child();
-    daemon.kill().unwrap();
-    daemon.wait().unwrap();
+    tm.kill_daemon();
     let _ = writer.kill();
     let _ = writer.wait();
-    let st = Command::new("umount")
-        .arg("-l")
-        .arg(&tm.mnt)
-        .status()
-        .unwrap();
-    assert!(st.success(), "umount -l of the dead mount");
 
     // Remount: a torn tail is repaired; then verify.
     tm.start();
-    let out = intentfs()
-        .args(["ledger", "verify", "--json"])
-        .arg(&tm.ws)
-        .output()
-        .unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "ledger verify --json after the remount ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    let (_, v) = verify(&tm.ws);
     assert_eq!(v["chain_intact"], true, "{v}");
     let drift: HashMap<String, Value> = v["drift"]
         .as_array()

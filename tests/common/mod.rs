@@ -480,6 +480,24 @@ impl TestMount {
         self.child.as_ref().expect("a --foreground mount").id()
     }
 
+    /// `kill -9` the `--foreground` daemon, then detach its dead mount (`umount -l`).
+    pub fn kill_daemon(&mut self) {
+        let mut d = self.take_child();
+        d.kill().unwrap(); // SIGKILL
+        d.wait().unwrap();
+        self.detach_dead();
+    }
+
+    /// `umount -l` of the mount whose daemon is gone.
+    pub fn detach_dead(&self) {
+        let st = Command::new("umount")
+            .arg("-l")
+            .arg(&self.mnt)
+            .status()
+            .unwrap();
+        assert!(st.success(), "umount -l of the dead mount");
+    }
+
     /// Take the foreground child (the caller then owns its lifetime).
     pub fn take_child(&mut self) -> Child {
         self.child.take().expect("a --foreground mount")
@@ -713,6 +731,25 @@ pub fn run_timeout(mut c: Command, t: Duration) -> Output {
 }
 
 /// Parse every line of a JSONL ledger (empty when missing).
+/// `"sha256:<hex>"` of `b`, as entries name content.
+pub fn sha(b: &[u8]) -> String {
+    use sha2::Digest;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(b)))
+}
+
+/// A policy of two intents in progress: `ALL` (every path) and `DOCS` (`docs/**`).
+pub const ALL_AND_DOCS: &str = r#"
+intents:
+  - id: ALL
+    name: everything
+    status: IN_PROGRESS
+    owned_scope: ["**"]
+  - id: DOCS
+    name: docs only
+    status: IN_PROGRESS
+    owned_scope: ["docs/**"]
+"#;
+
 /// The suite runs with INTENTFS_RECORD=async (`.ci/run`'s third pass): every mount records
 /// closes after their reply. A test whose subject is `--record sync`'s promise (a returned
 /// close is on record, even across `kill -9`) says so and passes over.

@@ -529,6 +529,12 @@ impl Fs {
         } else {
             Vec::new()
         };
+        self.record_write_noting_locked(h)
+    }
+
+    /// [`Fs::record_write_noting`] with the file's stale lock held by the caller.
+    fn record_write_noting_locked(&self, h: &FileHandle) -> Result<()> {
+        let dirty = h.write_state().is_some_and(|w| w.dirty);
         let r = self.record_write(h);
         if dirty && r.is_ok() {
             self.note_open_names(h);
@@ -583,6 +589,12 @@ impl Fs {
             // closed a descriptor of the handle, and their descendants.)
             let mappers = self.pt_mappers(&h, &[]);
             let mapped = !mappers.is_empty();
+            // Under the file's stale lock, so that an open of it either is done (its handle
+            // counted) or has not changed the file yet.
+            let stale = h
+                .write_state()
+                .is_some()
+                .then(|| self.table.stale_locks(&[(h.node.dev, h.node.ino)]));
             // A change since this handle's last entry while a newer write handle of the same
             // identity is open on the file is that handle's to record at its close (the
             // kernel may deliver this release after the agent already opened the file again
@@ -600,7 +612,12 @@ impl Fs {
                 w.dirty = true;
                 w.mapped = true;
             }
-            let r = self.record_write_noting(&h);
+            let r = if stale.is_some() {
+                self.record_write_noting_locked(&h)
+            } else {
+                self.record_write_noting(&h)
+            };
+            drop(stale);
             // With kernel passthrough a shared mapping holds the backing file, not this
             // handle: it outlives the release and keeps writing the file. Such a handle
             // stays open for the daemon (its lease, WRITES_OPEN) until the mapping goes,
