@@ -266,6 +266,52 @@ fn run_exits_127_and_126_like_a_shell() {
     );
 }
 
+/// The agent `intentfs run` starts can be stopped: it starts with no signal blocked (the
+/// forwarded ones are blocked in `run` itself, to read and pass them on), so a TERM from
+/// `timeout`, or Ctrl-C, ends it. Found open: HUP, INT, TERM and WINCH stayed blocked in the
+/// agent, and `timeout 2 intentfs run -- sleep 30` took 30 s.
+#[test]
+fn the_agent_of_run_starts_with_no_signal_blocked_and_timeout_stops_it() {
+    let tm = TestMount::builder().policy(ALLOW_ALL).mount();
+    let out = intentfs()
+        .arg("run")
+        .arg("--mount")
+        .arg(&tm.mnt)
+        .args([
+            "--intent",
+            "ALL",
+            "--",
+            "grep",
+            "SigBlk",
+            "/proc/self/status",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        ok(out, "intentfs run -- grep SigBlk")
+            .split_whitespace()
+            .nth(1),
+        Some("0000000000000000")
+    );
+    let t0 = Instant::now();
+    let st = Command::new("timeout")
+        .arg("2")
+        .arg(BIN)
+        .arg("run")
+        .arg("--mount")
+        .arg(&tm.mnt)
+        .args(["--intent", "ALL", "--", "sleep", "30"])
+        .stdin(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(124), "timeout's own exit status");
+    assert!(
+        t0.elapsed() < Duration::from_secs(15),
+        "a TERM did not stop the agent: {:?}",
+        t0.elapsed()
+    );
+}
+
 /// A human's edit outside the mount keeps `ledger verify` red until someone acknowledges
 /// it; the acknowledgement is an entry, through the daemon when mounted, else directly.
 #[test]

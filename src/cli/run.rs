@@ -278,6 +278,23 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
         }
         master = Some((pty.master, pty.slave));
     }
+    // CMD starts with none of the forwarded signals blocked: they are blocked here only so
+    // that this process reads them (and passes them on); left blocked in CMD, Ctrl-C, a
+    // TERM or `timeout` would not stop the agent.
+    // SAFETY: `pre_exec` is unsafe because the closure runs in the forked child of a
+    // multithreaded process, where only async-signal-safe calls are allowed. It makes one
+    // sigprocmask syscall with a set built before the fork.
+    unsafe {
+        let set = forwarded_set();
+        cmd.pre_exec(move || {
+            nix::sys::signal::sigprocmask(
+                nix::sys::signal::SigmaskHow::SIG_UNBLOCK,
+                Some(&set),
+                None,
+            )?;
+            Ok(())
+        });
+    }
     if tty != Tty::Shared {
         // SAFETY: `pre_exec` is unsafe because the closure runs in the forked child of a
         // multithreaded process, where only async-signal-safe calls are allowed. It makes

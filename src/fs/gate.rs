@@ -531,7 +531,10 @@ impl Gate {
             return Ok(());
         }
         draft.intent_id = ident.intent();
-        draft.agent = Some(self.agent(ident, caller));
+        // (An agent named already was taken when the change was answered: `--record async`.)
+        if draft.agent.is_none() {
+            draft.agent = Some(self.agent(ident, caller));
+        }
         draft.mutation_type = Some(mt);
         draft.path = Some(rel.to_path_buf());
         if let Err(e) = l.record(draft) {

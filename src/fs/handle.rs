@@ -95,6 +95,10 @@ pub struct WriteState {
     /// a WRITE is recorded under if the file lost every name while open (renamed over or
     /// deleted before close).
     pub last_rel: PathBuf,
+    /// `--record async`: the file's name and the agent when the close was answered; its
+    /// entry, written a moment later, names them (the kernel may have forgotten the file's
+    /// node, the closing process may have exited).
+    pub at_close: Option<(PathBuf, crate::ledger::Agent)>,
     /// The content hash taken while the handle writes the file front to back (large
     /// files: no full hashing at close).
     pub seq: SeqHash,
@@ -182,6 +186,7 @@ impl FileHandle {
                 prev_hash: w.prev_hash,
                 epoch: w.epoch,
                 last_rel: w.rel,
+                at_close: None,
                 seq: SeqHash::default(),
                 begun: w.begun,
                 pt: w.pt,

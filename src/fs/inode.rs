@@ -547,8 +547,16 @@ impl InodeTable {
     /// under way finishes first (an entry already owed is not waited for: this one is
     /// queued after it).
     pub fn owe(&self, key: (u64, u64)) {
+        self.owe_with(key, || ());
+    }
+
+    /// [`InodeTable::owe`], running `f` under the file's stale lock first (what the entry
+    /// will name, taken where no rename of the file can come between).
+    pub fn owe_with<T>(&self, key: (u64, u64), f: impl FnOnce() -> T) -> T {
         let _g = self.stripes(&[key]);
+        let t = f();
         *self.pending.lock().entry(key).or_default() += 1;
+        t
     }
 
     /// The entry owed for `key` is on record (or given up).

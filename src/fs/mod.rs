@@ -342,6 +342,13 @@ impl Fs {
         }
     }
 
+    /// `--record async` with closes still to record.
+    pub(crate) fn records_owed(&self) -> bool {
+        self.recorder
+            .get()
+            .is_some_and(|r| r.stats.queued.load(Ordering::Acquire) > 0)
+    }
+
     /// Wait until the entries owed for `node`'s file are on record (before a change of its
     /// attributes, links or extended attributes is made and recorded).
     pub(crate) fn settled(&self, node: &inode::Node) {

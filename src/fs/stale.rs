@@ -849,11 +849,18 @@ impl Fs {
         // The file may have lost every name while open (renamed over, deleted): the entry
         // then keeps the name it was written under and says it is detached, so `ledger
         // verify` does not expect its content at that path any more.
-        let (rel, detached) = match self
-            .node_rels(&h.node)
-            .ok()
-            .and_then(|v| v.into_iter().next())
-        {
+        // (`--record async`: the name the file had when its close was answered; a rename
+        // of it or of a directory above waits for this entry, so the name still holds.)
+        let at_close = h.write_state().and_then(|mut w| w.at_close.take());
+        let close_agent = at_close.as_ref().map(|(_, a)| a.clone());
+        let named = match at_close {
+            Some((rel, _)) => Some(rel),
+            None => self
+                .node_rels(&h.node)
+                .ok()
+                .and_then(|v| v.into_iter().next()),
+        };
+        let (rel, detached) = match named {
             Some(r) => {
                 if let Some(mut w) = h.write_state() {
                     w.last_rel = r.clone();
@@ -931,6 +938,7 @@ impl Fs {
             w.pre_image = None;
             with_token(&mut draft, &w);
             drop(w);
+            draft.agent = close_agent;
             return self.record(&h.identity, &h.caller, MutationType::Write, &rel, draft);
         }
         if h.write_state().is_some_and(|w| w.pt && w.mapped) {
@@ -1027,6 +1035,7 @@ impl Fs {
                 w.expected = sys::stat_fd(h.file.as_fd()).ok().map(|st| race_stamp(&st));
             }
         }
+        draft.agent = close_agent;
         self.record(&h.identity, &h.caller, MutationType::Write, &rel, draft)
     }
 

@@ -490,7 +490,16 @@ impl Fs {
                 // The entry is written after the reply, by the recorder; the file is marked
                 // as owing it first, so the agent's next change of it waits for it.
                 let key = (h.node.dev, h.node.ino);
-                self.table.owe(key);
+                self.table.owe_with(key, || {
+                    let rel = self
+                        .node_rels(&h.node)
+                        .ok()
+                        .and_then(|v| v.into_iter().next());
+                    let agent = self.gate.agent(&h.identity, &h.caller);
+                    if let (Some(rel), Some(mut w)) = (rel, h.write_state()) {
+                        w.at_close = Some((rel, agent));
+                    }
+                });
                 let fs = self.clone();
                 let job: Box<dyn FnOnce() + Send> = Box::new(move || {
                     if let Err(e) = fs.record_write_noting(&h) {
@@ -591,10 +600,10 @@ impl Fs {
             let mapped = !mappers.is_empty();
             // Under the file's stale lock, so that an open of it either is done (its handle
             // counted) or has not changed the file yet.
-            let stale = h
-                .write_state()
-                .is_some()
-                .then(|| self.table.stale_locks(&[(h.node.dev, h.node.ino)]));
+            // (Two statements: the handle's state is not held while the lock is taken, the
+            // order every other path takes them in being lock, then state.)
+            let may_change = h.write_state().is_some();
+            let stale = may_change.then(|| self.table.stale_locks(&[(h.node.dev, h.node.ino)]));
             // A change since this handle's last entry while a newer write handle of the same
             // identity is open on the file is that handle's to record at its close (the
             // kernel may deliver this release after the agent already opened the file again

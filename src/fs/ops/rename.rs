@@ -174,11 +174,18 @@ impl Fs {
         // step for any other stale-checked change of either file (an open for write, an
         // unlink, a write): an open for write either came first (and the check below sees
         // what it did) or sees the names after the rename.
+        if r.src_dir && self.records_owed() {
+            // `--record async`: a file below the directory may owe the entry of its close,
+            // which names it by its path now: those entries come first. (A close that lands
+            // while the rename runs is ordered as with `--record sync`: by the stale locks.)
+            self.settle_records();
+        }
         let (_stale, now) = self.lock_names(&[(r.pfd.as_fd(), name), (r.npfd.as_fd(), newname)]);
         let ino = |s: &Option<sys::Stat>| s.map(|s| (s.st_dev, s.st_ino));
         if ino(&now[0]) != ino(&Some(r.src)) || ino(&now[1]) != ino(&r.dst) {
             return Ok(None);
         }
+
         // Stale checks: renaming a file away, and renaming over one (what `sed -i` and
         // editors do), both destroy a version the identity may not have seen.
         if !r.src_dir {
