@@ -147,6 +147,9 @@ pub struct InodeTable {
     /// Files whose close was answered before its entry was written (see
     /// [`super::recorder`]): a stale-checked change of one waits until its entry is on record.
     pending: Mutex<HashMap<(u64, u64), u32>>,
+    /// Entries owed in `pending`, summed: read without its lock, so a stale-checked change
+    /// with none owed (always, with `--record sync`) takes no mount-wide lock.
+    owed: AtomicUsize,
     recorded: parking_lot::Condvar,
     /// Closes the handles of forgotten nodes (see [`super::closer`]).
     closer: super::closer::Closer,
@@ -188,6 +191,7 @@ impl InodeTable {
             root,
             stale_locks: (0..STALE_STRIPES).map(|_| Mutex::new(())).collect(),
             pending: Mutex::new(HashMap::new()),
+            owed: AtomicUsize::new(0),
             recorded: parking_lot::Condvar::new(),
             closer: super::closer::Closer::start(),
         })
@@ -513,11 +517,12 @@ impl InodeTable {
             let guards = self.stripes(keys);
             // A file whose entry is still being written by the recorder is not changed
             // before it is on record (the recorder itself records in order, and passes).
-            if super::recorder::is_recorder() {
+            // (An entry owed for one of `keys` was counted under its stripe, held here.)
+            if super::recorder::is_recorder() || self.owed.load(Ordering::Acquire) == 0 {
                 return guards;
             }
             let mut pending = self.pending.lock();
-            if pending.is_empty() || !keys.iter().any(|k| pending.contains_key(k)) {
+            if !keys.iter().any(|k| pending.contains_key(k)) {
                 return guards;
             }
             drop(guards);
@@ -556,6 +561,7 @@ impl InodeTable {
         let _g = self.stripes(&[key]);
         let t = f();
         *self.pending.lock().entry(key).or_default() += 1;
+        self.owed.fetch_add(1, Ordering::Release);
         t
     }
 
@@ -564,6 +570,7 @@ impl InodeTable {
         let mut pending = self.pending.lock();
         if let Some(n) = pending.get_mut(&key) {
             *n -= 1;
+            self.owed.fetch_sub(1, Ordering::Release);
             if *n == 0 {
                 pending.remove(&key);
             }

@@ -500,14 +500,11 @@ impl Fs {
                         w.at_close = Some((rel, agent));
                     }
                 });
-                let fs = self.clone();
-                let job: Box<dyn FnOnce() + Send> = Box::new(move || {
+                self.record_later(rec, Some(key), move |fs| {
                     if let Err(e) = fs.record_write_noting(&h) {
-                        rec_failed(&fs, &h, &e);
+                        rec_failed(fs, &h, &e);
                     }
-                    fs.table.settle(key);
                 });
-                rec.queue(job);
                 return Ok(());
             }
             self.record_write_noting(&h)?;
@@ -575,19 +572,31 @@ impl Fs {
     /// released at once: it records nothing.)
     pub fn release_queued(self: &Arc<Self>, fh: u64, key: Option<(u64, u64)>) -> Result<()> {
         if let Some(rec) = self.recorder.get().filter(|_| key.is_some()) {
-            let fs = self.clone();
-            let job: Box<dyn FnOnce() + Send> = Box::new(move || {
+            self.record_later(rec, key, move |fs| {
                 if let Err(e) = fs.release(fh) {
                     tracing::warn!(error = ?e, fh, "--record async: releasing a handle after its reply failed");
                 }
-                if let Some(k) = key {
-                    fs.table.settle(k);
-                }
             });
-            rec.queue(job);
             return Ok(());
         }
         self.release(fh)
+    }
+
+    /// Queue `work` on the recorder; the entry owed for `key` (marked by the caller) is
+    /// settled once it has run.
+    fn record_later(
+        self: &Arc<Self>,
+        rec: &crate::fs::recorder::Recorder,
+        key: Option<(u64, u64)>,
+        work: impl FnOnce(&Arc<Fs>) + Send + 'static,
+    ) {
+        let fs = self.clone();
+        rec.queue(Box::new(move || {
+            work(&fs);
+            if let Some(k) = key {
+                fs.table.settle(k);
+            }
+        }));
     }
 
     pub fn release(self: &Arc<Self>, fh: u64) -> Result<()> {

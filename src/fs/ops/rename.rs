@@ -185,7 +185,6 @@ impl Fs {
         if ino(&now[0]) != ino(&Some(r.src)) || ino(&now[1]) != ino(&r.dst) {
             return Ok(None);
         }
-
         // Stale checks: renaming a file away, and renaming over one (what `sed -i` and
         // editors do), both destroy a version the identity may not have seen.
         if !r.src_dir {
