@@ -1302,6 +1302,48 @@ fn content_renamed_out_of_git_internals_is_on_record() {
     assert_eq!(b["lines"][0]["agent"], "evil", "{b:#}");
 }
 
+/// The other way: a file or a tree moved from the workspace into git's internals leaves the
+/// ledger's view there, so the move is on record (it was not: the files simply vanished from
+/// the record, a delete without a `DELETE`), and `ledger verify` does not count them missing.
+#[test]
+fn content_renamed_into_git_internals_is_on_record() {
+    let Some(l) = layout() else { return };
+    let _m = l.mount_env(MOUNT, &[]);
+    let out = run_agent(
+        &l,
+        &["--intent", "INT-001", "--agent", "evil"],
+        "mkdir -p src/auth/d && printf 'a\\n' > src/auth/d/a && printf 'f\\n' > src/auth/f \
+         && mv src/auth/f .git/f; echo f=$?; mv src/auth/d .git/d; echo d=$?",
+    );
+    let m = markers(&out.stdout);
+    assert_eq!(
+        (m["f"].as_str(), m["d"].as_str()),
+        ("0", "0"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(std::fs::read(l.ws.join(".git/f")).unwrap(), b"f\n");
+    assert_eq!(std::fs::read(l.ws.join(".git/d/a")).unwrap(), b"a\n");
+    for (from, to) in [("src/auth/f", ".git/f"), ("src/auth/d", ".git/d")] {
+        let r = l.wait_ledger(&format!("RENAME {from} -> {to}"), |e| {
+            e["mutation_type"] == "RENAME" && e["from"] == from && e["path"] == to
+        });
+        assert_eq!(r["agent"]["name"], "evil", "{r:#}");
+    }
+    let f = l
+        .ledger()
+        .into_iter()
+        .find(|e| e["from"] == "src/auth/f")
+        .unwrap();
+    assert_eq!(f["content_hash"], sha(b"f\n").as_str(), "{f:#}");
+    let v = intentfs()
+        .args(["ledger", "verify"])
+        .arg(&l.ws)
+        .output()
+        .unwrap();
+    assert!(v.status.success(), "{}{}", text(&v.stdout), text(&v.stderr));
+}
+
 /// Renaming a directory does not shed what the agent saw of the files in it: a file a
 /// human changed behind its back is still stale under the new name.
 #[test]

@@ -471,17 +471,39 @@ fn diff<T: Ord + Clone>(a: &BTreeMap<T, usize>, b: &BTreeMap<T, usize>) -> Vec<(
         .collect()
 }
 
+/// `path` and every name a file renamed from it had later, following the RENAME entries on
+/// record (the storm's renamed-to names are unique, so order need not be followed).
+fn later_names(ledger: &[Value], path: &str) -> Vec<String> {
+    let mut names = vec![path.to_string()];
+    let mut i = 0;
+    while i < names.len() && names.len() < 64 {
+        for e in ledger {
+            if e["mutation_type"] == "RENAME" && e["from"] == names[i].as_str() {
+                if let Some(to) = e["path"].as_str().filter(|t| !names.iter().any(|n| n == t)) {
+                    names.push(to.to_string());
+                }
+            }
+        }
+        i += 1;
+    }
+    names
+}
+
 // ----- the storm ------------------------------------------------------------------------
 
 /// The storm, every check except "no lost update" (which is reported, see below).
 #[test]
 fn eight_identities_storm_checked_against_a_model() {
-    // Left open: under --record async this storm once (in 3 runs of the suite) found an
-    // extra WRITE of a shared file ordered before the identity's next own entry, outside
-    // what KNOWN_BUG_SPURIOUS_WRITE tolerates. Not understood yet, so not run in that pass.
-    if skip_under_record_async(
-        "an extra WRITE out of order seen once with --record async, left open",
-    ) {
+    // Under --record async this storm once (in 3 runs of the suite, never in 20 runs by
+    // hand since) found an extra WRITE of a shared file (`shared/gone.w1.8.18`) in an
+    // identity's sequence. Likely cause, now matched (`later_names`): the entry of a
+    // truncation whose write was refused comes at RELEASE, which the recorder queues; the
+    // file was renamed by another identity meanwhile, so the entry has the later name. Not
+    // reproduced, so the async pass still passes over it; run it by hand with
+    // INTENTFS_TEST_STORM_ASYNC=1 INTENTFS_RECORD=async.
+    if std::env::var_os("INTENTFS_TEST_STORM_ASYNC").is_none()
+        && skip_under_record_async("an extra WRITE out of order seen once with --record async")
+    {
         return;
     }
     storm(false);
@@ -938,9 +960,21 @@ fn storm(strict_lost_updates: bool) {
             }
             // Truncated, write refused: its entry comes at RELEASE, here or later (under the
             // name the file had then; if renamed meanwhile, the next entry).
+            // (Another identity may rename the file before the release arrives, more likely
+            // with `--record async`, where the release is queued: then the entry has a name
+            // the file had later, which the RENAME entries on record lead to.)
             let at_release = o.stage() == "write";
+            let names = if at_release {
+                later_names(&ledger, o.path())
+            } else {
+                Vec::new()
+            };
             let j = at_release
-                .then(|| (at..es.len()).find(|&j| es[j].is_some_and(|e| e["path"] == o.path())))
+                .then(|| {
+                    (at..es.len()).find(|&j| {
+                        es[j].is_some_and(|e| names.iter().any(|n| e["path"] == n.as_str()))
+                    })
+                })
                 .flatten()
                 .or_else(|| first(&es, at))
                 .unwrap_or_else(|| panic!("w{k}: no WRITE entry left for {:?}", o.v));

@@ -502,7 +502,10 @@ impl Gate {
         ident.mutations.fetch_add(1, Ordering::Relaxed);
         self.counters.mutations.fetch_add(1, Ordering::Relaxed);
         // Git's internals are not ledgered file by file (ref moves are, see `record_ref`).
-        if super::stale::untracked(rel) {
+        // A rename from the workspace into them is: the file (or tree) leaves the ledger's
+        // view there, and must not leave it unrecorded.
+        if super::stale::untracked(rel) && draft.from.as_deref().is_none_or(super::stale::untracked)
+        {
             return Ok(());
         }
         let Some(l) = &self.ledger else { return Ok(()) };

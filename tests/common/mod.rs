@@ -730,7 +730,6 @@ pub fn run_timeout(mut c: Command, t: Duration) -> Output {
     }
 }
 
-/// Parse every line of a JSONL ledger (empty when missing).
 /// `"sha256:<hex>"` of `b`, as entries name content.
 pub fn sha(b: &[u8]) -> String {
     use sha2::Digest;
@@ -766,6 +765,7 @@ pub fn skip_under_record_async(why: &str) -> bool {
     false
 }
 
+/// Parse every line of a JSONL ledger (empty when missing).
 pub fn read_ledger(path: &Path) -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     text.lines()

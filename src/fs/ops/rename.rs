@@ -506,13 +506,20 @@ impl Fs {
             // from where nothing is ledgered file by file (written under `.git/`, as a
             // temporary) and the entry is then its only record (the hash cache knows it
             // when it was written or read through the mount). Kept in the store too.
+            // Likewise a file moved from the workspace into git's internals, where it leaves
+            // the record: its content as it left (kept as a version of its old name).
             None if !r.src_dir
                 && r.src.st_mode & libc::S_IFMT == libc::S_IFREG
-                && self.content_recorded(&r.to) =>
+                && (self.content_recorded(&r.to) || self.leaves_record(r)) =>
             {
+                let rel = if self.leaves_record(r) {
+                    &r.from
+                } else {
+                    &r.to
+                };
                 let h = sys::open_read_at(r.npfd.as_fd(), r.newname)
                     .ok()
-                    .and_then(|f| self.keep_file(&r.to, &f, None, true));
+                    .and_then(|f| self.keep_file(rel, &f, None, true));
                 (None, h.map(|(h, _)| crate::fs::hash::to_string(&h)), None)
             }
             None => (None, None, None),
@@ -533,6 +540,12 @@ impl Fs {
             },
             ..Default::default()
         }
+    }
+
+    /// A rename from the workspace into git's internals: what it moves leaves the record
+    /// there (its entry is written all the same, see `Gate::record`).
+    fn leaves_record(&self, r: &RenameReq<'_>) -> bool {
+        crate::fs::stale::untracked(&r.to) && !crate::fs::stale::untracked(&r.from)
     }
 
     /// Whether a file's content at `rel` is recorded entry by entry (not git's internals,
