@@ -1190,6 +1190,231 @@ fn a_rebase_todo_cannot_run_commands() {
     );
 }
 
+/// The routes around the todo check (found by an attack pass): a directory with a planted
+/// todo list renamed into place, a hard link to or from the todo list (writes through the
+/// other name are not checked), a symlink for the list or for `rebase-merge`. Each is
+/// refused and on record; the human's `git rebase --continue` runs nothing.
+#[test]
+fn a_rebase_todo_cannot_be_planted_by_a_rename_a_link_or_a_symlink() {
+    let Some(l) = layout() else { return };
+    let _m = l.mount_env(MOUNT, &[]);
+    let marker = l.root.join("pwned-rebase-route");
+    let script = format!(
+        r#"
+        H=$(git rev-parse HEAD); D=.git/rebase-merge; mkdir $D
+        git symbolic-ref HEAD > $D/head-name; echo $H > $D/onto; echo $H > $D/orig-head
+        : > $D/interactive; : > $D/done; echo 1 > $D/end; echo 0 > $D/msgnum
+        printf 'pick %s x\n' $H > $D/git-rebase-todo; echo clean=$?
+        cp -r $D .git/rm2 && echo "exec touch {m}" > .git/rm2/git-rebase-todo; echo planted=$?
+        rm -rf $D; mv .git/rm2 $D; echo dir_rename=$?
+        mkdir -p $D && cp .git/rm2/onto $D/onto 2>/dev/null
+        echo "exec touch {m}" > .git/x; ln .git/x $D/git-rebase-todo; echo link_to=$?
+        printf 'pick %s x\n' $H > $D/git-rebase-todo; ln $D/git-rebase-todo .git/other; echo link_from=$?
+        rm -f $D/git-rebase-todo; ln -s ../x $D/git-rebase-todo; echo symlink=$?
+        mkdir -p src/auth/r && echo "exec touch {m}" > src/auth/r/git-rebase-todo
+        rm -rf $D; ln -s ../src/auth/r $D; echo symlink_dir=$?
+        ln -s ../src/auth/r .git/r2; mv .git/r2 $D; echo symlink_dir_rename=$?
+        "#,
+        m = marker.display()
+    );
+    let (_, m, ctx) = evil(&l, &script);
+    assert_eq!(
+        (m["clean"].as_str(), m["planted"].as_str()),
+        ("0", "0"),
+        "{ctx}"
+    );
+    for k in [
+        "dir_rename",
+        "link_to",
+        "link_from",
+        "symlink",
+        "symlink_dir",
+        "symlink_dir_rename",
+    ] {
+        assert_ne!(m[k], "0", "{k} was allowed\n{ctx}");
+    }
+    let d = l.ws.join(".git/rebase-merge");
+    let meta = std::fs::symlink_metadata(&d);
+    assert!(meta.as_ref().map_or(true, |m| m.is_dir()), "{meta:?}");
+    let todo = std::fs::read_to_string(d.join("git-rebase-todo")).unwrap_or_default();
+    assert!(!todo.contains("touch"), "{todo}");
+    let denials = by_uid(&l, AGENT_UID)
+        .into_iter()
+        .filter(|e| {
+            e["code"] == "PROTECTED_PATH"
+                && e["path"].as_str().is_some_and(|p| {
+                    p.contains("rebase-merge") || p == ".git/other" || p == ".git/rm2"
+                })
+        })
+        .count();
+    assert!(denials >= 6, "{denials} denials on record\n{ctx}");
+    let _ = sh_in(
+        &l.ws,
+        "git -c safe.directory='*' rebase --continue >/dev/null 2>&1",
+    );
+    assert!(
+        !marker.exists(),
+        "the planted rebase ran the agent's command"
+    );
+}
+
+/// Refs move only the way git moves them: a ref file written in place (a branch pointed at
+/// a commit that changes a file outside the scope, a new branch, an appended packed-refs
+/// line, HEAD) is refused and on record, and the refs on disk are unchanged; git's own
+/// commit, branch, checkout, pack-refs and gc go on working.
+#[test]
+fn a_ref_written_in_place_is_refused_and_git_still_works() {
+    let Some(l) = layout() else { return };
+    let _m = l.mount_env(MOUNT, &[]);
+    let git = |args: &str| {
+        ok(
+            sh_in(&l.ws, &format!("git -c safe.directory='*' {args}")),
+            args,
+        )
+    };
+    let head0 = git("rev-parse HEAD").trim().to_string();
+    let branch = git("symbolic-ref --short HEAD").trim().to_string();
+    let script = r#"
+        B=$(printf 'pwned\n' | git hash-object -w --stdin)
+        export GIT_INDEX_FILE=/tmp/intentfs-atk-index.$$
+        git read-tree HEAD && git update-index --cacheinfo 100644,$B,src/other/o.ts
+        C=$(git commit-tree $(git write-tree) -p HEAD -m innocent); unset GIT_INDEX_FILE
+        BR=$(git symbolic-ref --short HEAD)
+        echo $C > .git/refs/heads/$BR; echo loose=$?
+        echo $C > .git/refs/heads/newb; echo new=$?
+        printf "$C refs/heads/p\n" >> .git/packed-refs; echo packed=$?
+        echo "ref: refs/heads/newb" > .git/HEAD; echo head=$?
+        ln .git/refs/heads/$BR .git/refs/heads/l2; echo link=$?
+        echo 'export const ok = 2;' >> src/auth/session.ts && git commit -qam fine; echo commit=$?
+        git branch side; echo branch=$?
+        git checkout -q side; echo checkout=$?
+        git checkout -q $BR; git pack-refs --all; echo pack=$?
+        git gc -q; echo gc=$?
+    "#;
+    let (_, m, ctx) = evil(&l, script);
+    for k in ["loose", "new", "packed", "head", "link"] {
+        assert_ne!(m[k], "0", "{k} was allowed\n{ctx}");
+    }
+    for k in ["commit", "branch", "checkout", "pack", "gc"] {
+        assert_eq!(m[k], "0", "{k} failed\n{ctx}");
+    }
+    // Nothing on disk points at the crafted commit; the branch moved by the commit only.
+    let all = git("log --all --name-only --format=");
+    assert!(!all.contains("src/other"), "{all}");
+    assert_eq!(git("symbolic-ref --short HEAD").trim(), branch);
+    assert_eq!(git("rev-parse HEAD~1").trim(), head0);
+    assert!(git("branch --list newb p l2").trim().is_empty());
+    let denied: Vec<String> = by_uid(&l, AGENT_UID)
+        .into_iter()
+        .filter(|e| e["code"] == "PROTECTED_PATH")
+        .filter_map(|e| e["path"].as_str().map(str::to_string))
+        .collect();
+    for p in [
+        format!(".git/refs/heads/{branch}"),
+        ".git/refs/heads/newb".into(),
+        ".git/packed-refs".into(),
+        ".git/HEAD".into(),
+    ] {
+        assert!(
+            denied.contains(&p),
+            "{p} not refused on record: {denied:?}\n{ctx}"
+        );
+    }
+    // The commit and the new branch are ref moves on record.
+    let refs: Vec<Value> = by_uid(&l, AGENT_UID)
+        .into_iter()
+        .filter(|e| e["mutation_type"] == "REF")
+        .collect();
+    assert!(
+        refs.iter().any(|e| e["detail"]["ref"] == "refs/heads/side"),
+        "{refs:#?}"
+    );
+}
+
+/// Git's internals and the worktree stay apart: a hard link across (writes through the
+/// `.git` name would not be on record) and a directory moved out of `.git/` into the
+/// worktree (git's layout and content no entry covers) are refused, and on record.
+#[test]
+fn git_internals_and_the_worktree_are_not_linked_or_moved_across() {
+    let Some(l) = layout() else { return };
+    let _m = l.mount_env(MOUNT, &[]);
+    let marker = l.root.join("pwned-bare");
+    let script = format!(
+        r#"
+        ln src/auth/session.ts .git/alias; echo into=$?
+        echo x > .git/y; ln .git/y src/auth/y; echo out=$?
+        mkdir -p .git/foo/objects .git/foo/refs/heads .git/foo/hooks
+        echo 'ref: refs/heads/master' > .git/foo/HEAD
+        printf '[core]\n\tbare = true\n\tpager = touch {m}; cat\n' > .git/foo/config
+        mv .git/foo src/auth/bare; echo bare=$?
+        mkdir .git/e && echo payload > .git/e/new.ts && mv .git/e src/auth/g; echo dir=$?
+        echo payload > .git/f && mv .git/f src/auth/f.ts; echo file=$?
+        "#,
+        m = marker.display()
+    );
+    let (_, m, ctx) = evil(&l, &script);
+    for k in ["into", "out", "bare", "dir"] {
+        assert_ne!(m[k], "0", "{k} was allowed\n{ctx}");
+    }
+    // A single file may still come out of .git: its content is on record (see above).
+    assert_eq!(m["file"], "0", "{ctx}");
+    assert!(!l.ws.join(".git/alias").exists());
+    assert!(!l.ws.join("src/auth/y").exists());
+    assert!(!l.ws.join("src/auth/bare").exists());
+    assert!(!l.ws.join("src/auth/g").exists());
+    let denied: Vec<String> = by_uid(&l, AGENT_UID)
+        .into_iter()
+        .filter(|e| e["code"] == "PROTECTED_PATH")
+        .filter_map(|e| e["path"].as_str().map(str::to_string))
+        .collect();
+    for p in [".git/alias", "src/auth/y", ".git/foo", ".git/e"] {
+        assert!(
+            denied.iter().any(|d| d == p),
+            "{p} not refused on record: {denied:?}"
+        );
+    }
+    assert!(!marker.exists());
+}
+
+/// A file name (or agent name) made of terminal control sequences cannot rewrite the rows
+/// `intentfs log` and `ledger verify` print: control characters come out escaped.
+#[test]
+fn control_characters_in_names_are_shown_escaped() {
+    let Some(l) = layout() else { return };
+    let _m = l.mount_env(MOUNT, &[]);
+    let script = "n=$(printf 'src/auth/x\\033[2K\\r#99 WRITE human README.md ok\\033[8m\\nfake'); \
+                  echo a > \"$n\"; echo made=$?";
+    let (_, m, ctx) = evil(&l, script);
+    assert_eq!(m["made"], "0", "{ctx}");
+    l.wait_ledger("the crafted name", |e| {
+        e["mutation_type"] == "WRITE" && e["path"].as_str().is_some_and(|p| p.contains('\u{1b}'))
+    });
+    let out = intentfs().arg("log").arg(&l.ws).output().unwrap();
+    let t = text(&out.stdout);
+    assert!(!t.contains('\u{1b}') && !t.contains('\r'), "{t:?}");
+    assert!(t.contains("\\u{1b}[2K\\r#99"), "{t}");
+    // One row per entry: the newline in the name did not start a line of its own.
+    assert!(!t.lines().any(|l| l.starts_with("fake")), "{t}");
+    // The file changed behind the mount: verify names it, escaped too.
+    std::fs::write(
+        std::fs::read_dir(l.ws.join("src/auth"))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .find(|e| e.file_name().to_string_lossy().contains('\u{1b}'))
+            .unwrap()
+            .path(),
+        "b\n",
+    )
+    .unwrap();
+    let v = intentfs()
+        .args(["ledger", "verify"])
+        .arg(&l.ws)
+        .output()
+        .unwrap();
+    let t = text(&v.stdout);
+    assert!(t.contains("modified") && !t.contains('\u{1b}'), "{t:?}");
+}
+
 /// A commit that changes a file outside the scope (staged from a crafted blob) cannot be
 /// moved into a branch, through a loose ref or `packed-refs`; a ref moved through
 /// `packed-refs` is on record, and packing refs is not a deletion.

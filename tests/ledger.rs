@@ -549,6 +549,85 @@ fn verify_catches_a_changed_byte_and_drift() {
     assert!(!paths.contains("d/f5.txt"));
 }
 
+/// A file with two names (a hard link): a write through either name is one entry, which
+/// lists the other name (`detail.aliases`). `ledger verify` then sees no drift under the
+/// name not written through (it reported it "changed outside the mount"), and `log --path`
+/// and `blame` of either name show the write. A change behind the mount is still drift
+/// under both names.
+#[test]
+fn a_write_through_a_hard_link_is_on_record_under_both_names() {
+    let mut tm = TestMount::builder().policy(ALLOW_ALL).intent("ALL").mount();
+    tm.sh_ok("mkdir -p d && printf 'one\n' > d/a.txt && ln d/a.txt d/b.txt");
+    tm.sh_ok("printf 'two\n' >> d/b.txt && printf 'three\n' >> d/a.txt && truncate -s 4 d/b.txt");
+    tm.sh_ok("printf 'four\n' >> d/a.txt");
+    let l = tm.ledger();
+    let writes: Vec<&Value> = l
+        .iter()
+        .filter(|e| {
+            matches!(e["mutation_type"].as_str(), Some("WRITE" | "TRUNCATE"))
+                && e["content_hash"].is_string()
+                && e["path"].as_str().is_some_and(|p| p.starts_with("d/"))
+        })
+        .collect();
+    // The first write (before the link) names one file; every later one both.
+    assert!(writes.len() >= 4, "{writes:#?}");
+    for e in &writes[1..] {
+        let p = e["path"].as_str().unwrap();
+        let other = if p == "d/a.txt" { "d/b.txt" } else { "d/a.txt" };
+        assert_eq!(e["detail"]["aliases"], serde_json::json!([other]), "{e:#}");
+    }
+    let last = writes.last().unwrap();
+    assert_eq!(
+        last["content_hash"],
+        sha(b"one\nfour\n").as_str(),
+        "{last:#}"
+    );
+    let (st, v) = verify_json(&tm.ws);
+    assert!(st.success(), "{v:#}");
+    assert_eq!(v["drift"], serde_json::json!([]), "{v:#}");
+    for name in ["d/a.txt", "d/b.txt"] {
+        let out = cli(&[
+            "log".as_ref(),
+            "--json".as_ref(),
+            "--path".as_ref(),
+            name.as_ref(),
+            tm.ws.as_os_str(),
+        ]);
+        let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let n = got
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["mutation_type"] == "WRITE" || e["mutation_type"] == "TRUNCATE")
+            .count();
+        assert!(
+            n >= writes.len() - 1,
+            "log --path {name}: {n} writes\n{got:#}"
+        );
+        let b = cli(&[
+            "blame".as_ref(),
+            "--json".as_ref(),
+            tm.ws.as_os_str(),
+            name.as_ref(),
+        ]);
+        let b: Value = serde_json::from_slice(&b.stdout).unwrap();
+        assert_eq!(b["lines"][1]["text"], "four", "{name}: {b:#}");
+        assert_ne!(b["lines"][1]["agent"], Value::Null, "{name}: {b:#}");
+    }
+    // Changed behind the mount: both names differ from their last entry.
+    tm.stop();
+    std::fs::write(tm.w("d/a.txt"), "outside\n").unwrap();
+    let (st, v) = verify_json(&tm.ws);
+    assert!(!st.success());
+    let paths: BTreeSet<&str> = v["drift"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, BTreeSet::from(["d/a.txt", "d/b.txt"]), "{v:#}");
+}
+
 /// Dropping the newest entries (or editing the last one) must not go unnoticed.
 #[test]
 fn verify_catches_a_deleted_last_line() {

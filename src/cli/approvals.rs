@@ -239,10 +239,16 @@ fn table(pending: &[PendingInfo]) -> String {
         .map(|p| {
             [
                 p.id.to_string(),
-                format!("{} ({})", p.agent, p.identity),
-                p.intent.clone().unwrap_or_else(|| "-".into()),
+                format!(
+                    "{} ({})",
+                    super::visible(&p.agent),
+                    super::visible(&p.identity)
+                ),
+                p.intent
+                    .as_deref()
+                    .map_or_else(|| "-".into(), super::visible),
                 format!("{} [{}]", p.op, p.kind),
-                p.path.clone(),
+                super::visible(&p.path),
                 age(p.age_ms),
             ]
         })

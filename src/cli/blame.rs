@@ -82,7 +82,11 @@ fn when(o: &Origin) -> &str {
 
 /// Formats a blame for people: `LINE WHO DATE | text`.
 pub fn render(r: &BlameReport) -> String {
-    let whos: Vec<String> = r.lines.iter().map(|l| who(&l.origin)).collect();
+    let whos: Vec<String> = r
+        .lines
+        .iter()
+        .map(|l| super::visible(&who(&l.origin)))
+        .collect();
     let w = whos.iter().map(|s| s.chars().count()).max().unwrap_or(0);
     let nw = r.lines.len().to_string().len();
     let mut s = String::new();
@@ -113,7 +117,7 @@ pub fn render(r: &BlameReport) -> String {
             s.push_str(&format!(
                 "(?): the {} of {} at {} recorded no line ranges ({why}); the line may predate it\n",
                 c.mutation_type.as_str(),
-                c.agent.as_deref().unwrap_or("-"),
+                super::visible(c.agent.as_deref().unwrap_or("-")),
                 c.timestamp
             ));
         }

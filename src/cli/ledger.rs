@@ -325,9 +325,9 @@ fn print_human(
                         out,
                         "  unfinished {}  (written through the mount by {} ({}, intent {}): its write began at \
                          ledger line {} and never completed: the daemon stopped or the file is still open)",
-                        x.path,
-                        u.agent,
-                        u.identity,
+                        super::visible(&x.path),
+                        super::visible(&u.agent),
+                        super::visible(&u.identity),
                         u.intent.as_deref().unwrap_or("none"),
                         u.line
                     )?;
@@ -337,12 +337,14 @@ fn print_human(
                     DriftKind::Modified { recorded, actual } => writeln!(
                         out,
                         "  modified  {}  (changed outside the mount; ledger line {}: {recorded}, now {actual})",
-                        x.path, x.line
+                        super::visible(&x.path),
+                        x.line
                     )?,
                     DriftKind::Missing { recorded } => writeln!(
                         out,
                         "  missing   {}  (ledger line {}: {recorded})",
-                        x.path, x.line
+                        super::visible(&x.path),
+                        x.line
                     )?,
                 }
             }

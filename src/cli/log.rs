@@ -26,7 +26,8 @@ pub struct LogArgs {
     /// Only entries by this agent (name or identity).
     #[arg(long, value_name = "NAME")]
     pub agent: Option<String>,
-    /// Only entries whose path (or rename source) matches this glob, e.g. 'src/**/*.rs'.
+    /// Only entries whose path (or rename source, or another name of the same file: a
+    /// hard link) matches this glob, e.g. 'src/**/*.rs'.
     #[arg(long, value_name = "GLOB")]
     pub path: Option<String>,
     /// Only entries at or after TIME: RFC 3339 or relative (30s, 10m, 2h, 3d, 1w ago).
@@ -86,8 +87,8 @@ fn row((line, e): &(u64, Entry)) -> [String; 7] {
         .unwrap_or(&e.timestamp)
         .replace('T', " ");
     let path = match (&e.from, &e.path) {
-        (Some(f), Some(p)) => format!("{f} -> {p}"),
-        (None, Some(p)) => p.clone(),
+        (Some(f), Some(p)) => format!("{} -> {}", super::visible(f), super::visible(p)),
+        (None, Some(p)) => super::visible(p),
         _ => "-".to_owned(),
     };
     let outcome = match &e.code {
@@ -98,11 +99,12 @@ fn row((line, e): &(u64, Entry)) -> [String; 7] {
         format!("#{line}"),
         time,
         e.mutation_type.as_str().to_owned(),
-        e.intent_id.clone().unwrap_or_else(|| "-".to_owned()),
+        e.intent_id
+            .as_deref()
+            .map_or_else(|| "-".to_owned(), super::visible),
         e.agent
             .as_ref()
-            .map(|a| a.name.clone())
-            .unwrap_or_else(|| "-".to_owned()),
+            .map_or_else(|| "-".to_owned(), |a| super::visible(&a.name)),
         path,
         outcome,
     ]

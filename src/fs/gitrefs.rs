@@ -220,6 +220,12 @@ pub fn is_rebase_todo(rel: &Path) -> bool {
             .is_some_and(|n| n.starts_with("git-rebase-todo"))
 }
 
+/// Is `rel` a git directory's `rebase-merge` (where git reads the todo list from)? A
+/// symlink of that name would make git read a todo list the checks never see.
+pub fn is_rebase_dir(rel: &Path) -> bool {
+    crate::policy::git::in_git_dir(rel) && rel.file_name().is_some_and(|n| n == "rebase-merge")
+}
+
 /// Names that complete a bare repository's layout (`HEAD`, `objects/`, `refs/`): with all
 /// three, git takes any directory for a git directory and reads its `config`.
 const GITDIR_MARKS: [&str; 3] = ["HEAD", "objects", "refs"];
@@ -328,13 +334,46 @@ impl Fs {
             rel,
             ident.intent().as_deref(),
             format!(
-                "{} would run commands (`exec` lines): whoever continues the rebase (`git rebase --continue`) would run them",
+                "{} would run commands (`exec` lines), or be a link or another name of a file whose writes are not checked: whoever continues the rebase (`git rebase --continue`) would run them",
                 rel.display()
             ),
-            "Rebase without `exec`/`-x` steps; run the commands yourself between commits.".into(),
+            "Rebase without `exec`/`-x` steps; run the commands yourself between commits. Leave the todo list a plain file git writes.".into(),
         )
         .with_rule(Some("git: a rebase todo list may not run commands".into()));
         self.gate.deny(ident, caller, d)
+    }
+
+    /// An entry about to become a rebase todo list at `rel` (renamed there, alone or in a
+    /// directory moved): refused if it is a symlink (git would read whatever it points
+    /// at), a file with another name (writes through that name are not checked), or a
+    /// list that runs commands.
+    pub(crate) fn check_todo_entry(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        dir: std::os::fd::BorrowedFd<'_>,
+        name: &std::ffi::OsStr,
+        rel: &Path,
+    ) -> Result<()> {
+        if !is_rebase_todo(rel) {
+            return Ok(());
+        }
+        let st = super::sys::stat_at(dir, name)?;
+        let bad = match st.st_mode & libc::S_IFMT {
+            libc::S_IFDIR => false,
+            libc::S_IFREG if st.st_nlink <= 1 => {
+                let text = super::sys::open_read_at(dir, name)
+                    .ok()
+                    .and_then(|f| super::hash::read_small(&f, 16 << 20))
+                    .unwrap_or_default();
+                todo_runs_commands(&text)
+            }
+            _ => true,
+        };
+        if bad {
+            return Err(self.todo_denial(ident, caller, rel));
+        }
+        Ok(())
     }
 
     /// Before a write through a handle of a rebase todo list: refuse when the file, with

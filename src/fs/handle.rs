@@ -98,7 +98,7 @@ pub struct WriteState {
     /// `--record async`: the file's name and the agent when the close was answered; its
     /// entry, written a moment later, names them (the kernel may have forgotten the file's
     /// node, the closing process may have exited).
-    pub at_close: Option<(PathBuf, crate::ledger::Agent)>,
+    pub at_close: Option<(Vec<PathBuf>, crate::ledger::Agent)>,
     /// The content hash taken while the handle writes the file front to back (large
     /// files: no full hashing at close).
     pub seq: SeqHash,

@@ -36,6 +36,21 @@ fn race_stamp(st: &sys::Stat) -> Stamp {
     }
 }
 
+/// A content entry of a file with several names (hard links) lists the others in
+/// `detail.aliases`: they hold the same content (`ledger verify` and `log --path` follow
+/// them). Names inside git's internals and names that are not UTF-8 are left out.
+pub(crate) fn with_aliases(draft: &mut Draft, aliases: &[PathBuf]) {
+    let names: Vec<&str> = aliases
+        .iter()
+        .filter(|a| !untracked(a))
+        .filter_map(|a| a.to_str())
+        .collect();
+    if !names.is_empty() {
+        let d = draft.detail.get_or_insert_with(|| serde_json::json!({}));
+        d["aliases"] = serde_json::json!(names);
+    }
+}
+
 /// Git's internals (inside any `.git` directory) are neither ledgered nor tracked as seen,
 /// file by file: git keeps its own locks.
 pub(crate) fn untracked(rel: &Path) -> bool {
@@ -853,13 +868,15 @@ impl Fs {
         // of it or of a directory above waits for this entry, so the name still holds.)
         let at_close = h.write_state().and_then(|mut w| w.at_close.take());
         let close_agent = at_close.as_ref().map(|(_, a)| a.clone());
-        let named = match at_close {
-            Some((rel, _)) => Some(rel),
-            None => self
-                .node_rels(&h.node)
-                .ok()
-                .and_then(|v| v.into_iter().next()),
-        };
+        // (A file with several names, hard links: the entry is under one of them and lists
+        // the others, which hold the same content.)
+        let mut names = match at_close {
+            Some((rels, _)) => rels,
+            None => self.node_rels(&h.node).unwrap_or_default(),
+        }
+        .into_iter();
+        let named = names.next();
+        let aliases: Vec<PathBuf> = names.collect();
         let (rel, detached) = match named {
             Some(r) => {
                 if let Some(mut w) = h.write_state() {
@@ -889,6 +906,7 @@ impl Fs {
             }),
             ..Default::default()
         };
+        with_aliases(&mut draft, &aliases);
         // Someone else changed the file after this handle's last own change (a handle that
         // truncated at open and had its writes refused, closing after another identity
         // wrote): the content there now is not this identity's doing. The entry records
@@ -925,6 +943,9 @@ impl Fs {
             });
             if detached {
                 detail["detached"] = serde_json::Value::Bool(true);
+            }
+            if let Some(a) = draft.detail.as_ref().and_then(|d| d.get("aliases")) {
+                detail["aliases"] = a.clone();
             }
             draft.detail = Some(detail);
             if !own_writes {

@@ -268,6 +268,38 @@ impl Guard {
             )
             .with_rule(Some(rule)));
         }
+        // A ref written in place (or made, linked, truncated) would move a branch to any
+        // commit, one that changes files outside the scope included, without the check a
+        // ref move gets (`fs::gitrefs`) and without its REF entry. Git itself writes a
+        // `.lock` file and renames it into place, which is checked; deleting a ref is too.
+        if !is_dir
+            && matches!(
+                op,
+                Operation::Write
+                    | Operation::OpenWrite
+                    | Operation::Create
+                    | Operation::Truncate
+                    | Operation::Link
+                    | Operation::Symlink
+                    | Operation::Mknod
+            )
+            && crate::policy::git::is_ref_file(rel)
+        {
+            return Err(Denial::new(
+                Code::ProtectedPath,
+                op,
+                rel,
+                intent,
+                format!(
+                    "{} is a git ref: it moves only the way git moves it (a .lock file renamed into place), where the commits it brings are checked against your scope",
+                    show(rel)
+                ),
+                "Use git to move refs (`git commit`, `git branch`, `git update-ref`, `git reset`); do not write ref files \
+                 or packed-refs directly."
+                    .into(),
+            )
+            .with_rule(Some("git: refs are written through their lock file".into())));
+        }
         if rel.as_os_str().is_empty() {
             return Err(Denial::new(
                 Code::ProtectedPath,

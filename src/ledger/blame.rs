@@ -214,6 +214,13 @@ impl Replay {
                 attr.hash = Some(h.clone());
             }
         }
+        // The file's other names (hard links) are the same file, lines and all.
+        let aliases = super::reader::aliases_of(e);
+        if let (false, Some(attr)) = (aliases.is_empty(), files.get(&path).cloned()) {
+            for a in aliases {
+                files.insert(a, attr.clone());
+            }
+        }
     }
 }
 

@@ -279,7 +279,16 @@ pub fn write_intent_map(
 }
 
 fn cell(s: &str) -> String {
-    s.replace('|', "\\|").replace('\n', " ")
+    // (Control characters shown escaped: a crafted name must not reach a terminal that
+    // shows the map, nor break its table.)
+    s.chars()
+        .flat_map(|c| match c {
+            '|' => vec!['\\', '|'],
+            '\n' => vec![' '],
+            c if c.is_control() => c.escape_default().collect(),
+            c => vec![c],
+        })
+        .collect()
 }
 
 fn render(st: &MapState, ledger_path: &Path) -> String {

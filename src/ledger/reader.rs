@@ -597,6 +597,10 @@ pub fn last_hashes(entries: &[(u64, Entry)]) -> HashMap<PathBuf, (String, u64, S
                 | MutationType::Delete,
             ) => {}
             (Some(h), _) => {
+                // The file's other names (hard links) hold the same content.
+                for alias in aliases_of(e) {
+                    state.insert(alias, (h.clone(), *line, e.id.clone()));
+                }
                 state.insert(path, (h.clone(), *line, e.id.clone()));
             }
             (
@@ -613,6 +617,21 @@ pub fn last_hashes(entries: &[(u64, Entry)]) -> HashMap<PathBuf, (String, u64, S
     }
     state.retain(|p, _| !crate::policy::git::in_git_dir(p));
     state
+}
+
+/// The other names of the file an entry records (`detail.aliases`: hard links).
+pub fn aliases_of(e: &Entry) -> Vec<PathBuf> {
+    e.detail
+        .as_ref()
+        .and_then(|d| d.get("aliases"))
+        .and_then(|a| a.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str())
+                .map(PathBuf::from)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Every file whose last recorded hash no longer matches the disk, sorted by path.
@@ -762,7 +781,10 @@ impl Filter {
         }
         if let Some(g) = &self.path {
             let hit = |p: Option<PathBuf>| p.is_some_and(|p| g.is_match(&p));
-            if !hit(e.path_buf()) && !hit(e.from_buf()) {
+            if !hit(e.path_buf())
+                && !hit(e.from_buf())
+                && !aliases_of(e).into_iter().any(|a| g.is_match(&a))
+            {
                 return false;
             }
         }

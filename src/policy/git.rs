@@ -126,6 +126,16 @@ pub fn ref_name(rel: &Path) -> Option<String> {
     }
 }
 
+/// Is `rel` a ref file of a repository: a loose ref (`HEAD`, `refs/...`) or `packed-refs`
+/// (not their `.lock` files)? Git writes these only through a lock file renamed into place.
+pub fn is_ref_file(rel: &Path) -> bool {
+    if ref_name(rel).is_some() {
+        return true;
+    }
+    let p = parts(rel);
+    p.len() >= 2 && p[p.len() - 1] == "packed-refs" && p[p.len() - 2] == ".git"
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -182,6 +182,7 @@ impl Fs {
         if let Some((mt, mut draft)) = setattr_entry(op, &a, &before, &after, through_handle) {
             if mt == MutationType::Truncate {
                 (draft.prev_content_hash, draft.content_hash) = versions;
+                crate::fs::stale::with_aliases(&mut draft, &rels[1..]);
             }
             self.record(&ident, caller, mt, &rel, draft)?;
         }

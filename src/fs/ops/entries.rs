@@ -144,6 +144,15 @@ impl Fs {
         name: &OsStr,
         target: &Path,
     ) -> Result<Entry> {
+        // A symlink for a rebase todo list (or its directory) would have git read a list
+        // the checks never see.
+        if let Ok(p) = self.node(parent) {
+            let rel = self.child_rel(&p, name)?;
+            if crate::fs::gitrefs::is_rebase_todo(&rel) || crate::fs::gitrefs::is_rebase_dir(&rel) {
+                let ident = self.authorize(caller, Operation::Symlink, &rel, false)?;
+                return Err(self.todo_denial(&ident, caller, &rel));
+            }
+        }
         self.make_entry(
             caller,
             parent,
@@ -187,6 +196,32 @@ impl Fs {
         let np = self.node(newparent)?;
         let rel = self.child_rel(&np, newname)?;
         self.authorize_as(&ident, caller, Operation::Link, &rel, false)?;
+        // A file with a name in git's internals and one in the worktree: writes through the
+        // first are not on record, and a rebase todo list with another name is changed
+        // without its check. Git never links across (nor to a todo list).
+        let names = self.alias_rels(&node);
+        if crate::fs::gitrefs::is_rebase_todo(&rel)
+            || names.iter().any(|n| crate::fs::gitrefs::is_rebase_todo(n))
+        {
+            return Err(self.todo_denial(&ident, caller, &rel));
+        }
+        let git = crate::policy::git::in_git_dir;
+        if let Some(other) = names.iter().find(|n| git(n) != git(&rel)) {
+            let d = crate::guard::Denial::new(
+                crate::guard::Code::ProtectedPath,
+                Operation::Link,
+                &rel,
+                ident.intent().as_deref(),
+                format!(
+                    "{} and {} would be one file, one name inside git's internals and one in the worktree: its changes through the first would not be on record",
+                    rel.display(),
+                    other.display()
+                ),
+                "Copy the file instead of linking it (`cp`).".into(),
+            )
+            .with_rule(Some("git: no hard link between git's internals and the worktree".into()));
+            return Err(self.gate.deny(&ident, caller, d));
+        }
         let fd = self.fd(&node)?;
         let npfd = self.fd(&np)?;
         self.check_git_layout(

@@ -491,13 +491,10 @@ impl Fs {
                 // as owing it first, so the agent's next change of it waits for it.
                 let key = (h.node.dev, h.node.ino);
                 self.table.owe_with(key, || {
-                    let rel = self
-                        .node_rels(&h.node)
-                        .ok()
-                        .and_then(|v| v.into_iter().next());
+                    let rels = self.node_rels(&h.node).ok();
                     let agent = self.gate.agent(&h.identity, &h.caller);
-                    if let (Some(rel), Some(mut w)) = (rel, h.write_state()) {
-                        w.at_close = Some((rel, agent));
+                    if let (Some(rels), Some(mut w)) = (rels, h.write_state()) {
+                        w.at_close = Some((rels, agent));
                     }
                 });
                 self.record_later(rec, Some(key), move |fs| {

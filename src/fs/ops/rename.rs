@@ -124,6 +124,12 @@ impl Fs {
                         }
                     }
                 }
+                if !is_dir {
+                    self.check_todo_entry(ident, caller, dfd.as_fd(), name, &n)?;
+                    if e.kind == libc::DT_LNK && crate::fs::gitrefs::is_rebase_dir(&n) {
+                        return Err(self.todo_denial(ident, caller, &n));
+                    }
+                }
                 if is_dir {
                     if let Ok(cfd) = sys::open_path(dfd.as_fd(), name) {
                         stack.push((cfd, rel));
@@ -305,11 +311,37 @@ impl Fs {
             r.to.parent().unwrap_or(Path::new("")),
             r.newname,
         )?;
-        if crate::fs::gitrefs::is_rebase_todo(&r.to) && !r.src_dir {
-            let text = read_at(r.pfd.as_fd(), r.name, 16 << 20).unwrap_or_default();
-            if crate::fs::gitrefs::todo_runs_commands(&text) {
+        if !r.src_dir {
+            self.check_todo_entry(&ident, caller, r.pfd.as_fd(), r.name, &r.to)?;
+            // (A symlink named `rebase-merge` would have git read its todo list elsewhere.)
+            if crate::fs::gitrefs::is_rebase_dir(&r.to)
+                && r.src.st_mode & libc::S_IFMT == libc::S_IFLNK
+            {
                 return Err(self.todo_denial(&ident, caller, &r.to));
             }
+        }
+        // A directory moved out of a git directory into the worktree brings git's layout
+        // (`config`, `hooks/`, `HEAD`: a repository git would use there) and content none
+        // of whose files is on record. Git never does it.
+        if r.src_dir
+            && crate::policy::git::in_git_dir(&r.from)
+            && !crate::policy::git::in_git_dir(&r.to)
+        {
+            let d = crate::guard::Denial::new(
+                crate::guard::Code::ProtectedPath,
+                Operation::Rename,
+                &r.from,
+                ident.intent().as_deref(),
+                format!(
+                    "{} is a directory inside git's internals: it cannot move out into the worktree ({})",
+                    r.from.display(),
+                    r.to.display()
+                ),
+                "Make new directories in the worktree and write the files there; git's internals stay in .git."
+                    .into(),
+            )
+            .with_rule(Some("git: directories do not move out of a git directory".into()));
+            return Err(self.gate.deny(&ident, caller, d));
         }
         if r.src_dir {
             // Hold a counted reference while walking, released right after.
