@@ -1285,6 +1285,8 @@ fn a_ref_written_in_place_is_refused_and_git_still_works() {
         printf "$C refs/heads/p\n" >> .git/packed-refs; echo packed=$?
         echo "ref: refs/heads/newb" > .git/HEAD; echo head=$?
         ln .git/refs/heads/$BR .git/refs/heads/l2; echo link=$?
+        mkdir .git/td && echo $C > .git/td/x && mv .git/td .git/refs/heads/evil; echo dir_in=$?
+        git branch keep/one && mv .git/refs/heads/keep .git/kept; echo dir_out=$?
         echo 'export const ok = 2;' >> src/auth/session.ts && git commit -qam fine; echo commit=$?
         git branch side; echo branch=$?
         git checkout -q side; echo checkout=$?
@@ -1292,7 +1294,9 @@ fn a_ref_written_in_place_is_refused_and_git_still_works() {
         git gc -q; echo gc=$?
     "#;
     let (_, m, ctx) = evil(&l, script);
-    for k in ["loose", "new", "packed", "head", "link"] {
+    for k in [
+        "loose", "new", "packed", "head", "link", "dir_in", "dir_out",
+    ] {
         assert_ne!(m[k], "0", "{k} was allowed\n{ctx}");
     }
     for k in ["commit", "branch", "checkout", "pack", "gc"] {
@@ -1303,7 +1307,8 @@ fn a_ref_written_in_place_is_refused_and_git_still_works() {
     assert!(!all.contains("src/other"), "{all}");
     assert_eq!(git("symbolic-ref --short HEAD").trim(), branch);
     assert_eq!(git("rev-parse HEAD~1").trim(), head0);
-    assert!(git("branch --list newb p l2").trim().is_empty());
+    assert!(git("branch --list newb p l2 'evil/*'").trim().is_empty());
+    assert!(!git("branch --list keep/one").trim().is_empty());
     let denied: Vec<String> = by_uid(&l, AGENT_UID)
         .into_iter()
         .filter(|e| e["code"] == "PROTECTED_PATH")

@@ -285,20 +285,7 @@ impl Guard {
             )
             && crate::policy::git::is_ref_file(rel)
         {
-            return Err(Denial::new(
-                Code::ProtectedPath,
-                op,
-                rel,
-                intent,
-                format!(
-                    "{} is a git ref: it moves only the way git moves it (a .lock file renamed into place), where the commits it brings are checked against your scope",
-                    show(rel)
-                ),
-                "Use git to move refs (`git commit`, `git branch`, `git update-ref`, `git reset`); do not write ref files \
-                 or packed-refs directly."
-                    .into(),
-            )
-            .with_rule(Some("git: refs are written through their lock file".into())));
+            return Err(ref_write_denial(op, rel, intent));
         }
         if rel.as_os_str().is_empty() {
             return Err(Denial::new(
@@ -435,6 +422,25 @@ impl Guard {
         )
         .with_rule(Some(rule)))
     }
+}
+
+/// The refusal of a git ref written other than the way git writes it (see
+/// [`Guard::check_write`]; also a directory of refs moved into place).
+pub fn ref_write_denial(op: Operation, rel: &Path, intent: Option<&str>) -> Denial {
+    Denial::new(
+        Code::ProtectedPath,
+        op,
+        rel,
+        intent,
+        format!(
+            "{} is a git ref: it moves only the way git moves it (a .lock file renamed into place), where the commits it brings are checked against your scope",
+            show(rel)
+        ),
+        "Use git to move refs (`git commit`, `git branch`, `git update-ref`, `git reset`); do not write ref files \
+         or packed-refs directly."
+            .into(),
+    )
+    .with_rule(Some("git: refs are written through their lock file".into()))
 }
 
 #[cfg(test)]

@@ -125,6 +125,18 @@ impl Fs {
                     }
                 }
                 if !is_dir {
+                    // (A directory moved into `refs/` would make branches of whatever its
+                    // files name, without the check of a ref move; one moved out of it
+                    // would delete branches with no entry. Git moves refs one by one.)
+                    let git = crate::policy::git::is_ref_file;
+                    if git(&n) || git(&o) {
+                        let d = crate::guard::ref_write_denial(
+                            Operation::Rename,
+                            if git(&n) { &n } else { &o },
+                            ident.intent().as_deref(),
+                        );
+                        return Err(self.gate.deny(ident, caller, d));
+                    }
                     self.check_todo_entry(ident, caller, dfd.as_fd(), name, &n)?;
                     if e.kind == libc::DT_LNK && crate::fs::gitrefs::is_rebase_dir(&n) {
                         return Err(self.todo_denial(ident, caller, &n));
