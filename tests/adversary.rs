@@ -1336,6 +1336,145 @@ fn a_ref_written_in_place_is_refused_and_git_still_works() {
     );
 }
 
+/// Commits git would apply later are checked like a ref move (found by a second attack
+/// pass): a commit changing a file outside the scope, parked on a remote-tracking ref and
+/// then moved to the branch; a replace ref swapping the tree under HEAD; a ref file with
+/// text after the id (git reads the id); a ref lock renamed into place while still open for
+/// writing; a rebase todo with a `pick` of that commit (appended, or renamed into place);
+/// an autostash, `orig-head` and `MERGE_AUTOSTASH` naming it; grafts and alternates. Each
+/// is refused and on record, and the human's `rebase --continue`/`--abort`, `merge
+/// --abort` and `reset --hard` write nothing of it.
+#[test]
+fn commits_git_would_apply_later_are_checked_like_ref_moves() {
+    let Some(l) = layout() else { return };
+    let _m = l.mount_env(MOUNT, &[]);
+    let git = |args: &str| {
+        ok(
+            sh_in(&l.ws, &format!("git -c safe.directory='*' {args}")),
+            args,
+        )
+    };
+    let branch = git("symbolic-ref --short HEAD").trim().to_string();
+    let script = format!(
+        r#"
+        B=$(printf 'pwned\n' | git hash-object -w --stdin)
+        export GIT_INDEX_FILE=/tmp/intentfs-atk2-index.$$
+        git read-tree HEAD && git update-index --add --cacheinfo 100644,$B,src/other/o.ts
+        T=$(git write-tree); C=$(git commit-tree $T -p HEAD -m innocent); unset GIT_INDEX_FILE
+        git update-ref refs/remotes/origin/evil $C; echo remote=$?
+        git update-ref refs/heads/{branch} $C; echo laundered=$?
+        git replace -f $(git rev-parse HEAD^{{tree}}) $T; echo replace=$?
+        printf '%s x\n' $C > .git/refs/heads/{branch}.lock && mv .git/refs/heads/{branch}.lock .git/refs/heads/{branch}; echo junk=$?
+        rm -f .git/refs/heads/{branch}.lock
+        {py} -c "
+import os, subprocess
+good = subprocess.check_output(['git', 'rev-parse', 'HEAD']).decode().strip()
+fd = os.open('.git/refs/heads/held.lock', os.O_RDWR | os.O_CREAT, 0o644)
+os.write(fd, (good + '\n').encode())
+try:
+    os.rename('.git/refs/heads/held.lock', '.git/refs/heads/held'); print('held=0')
+    os.pwrite(fd, ('$C' + '\n').encode(), 0)
+except OSError as e:
+    print('held=%d' % e.errno)"
+        rm -f .git/refs/heads/held.lock
+        echo 'export const x = 1;' >> src/auth/session.ts && git commit -qam two
+        GIT_SEQUENCE_EDITOR='sed -i 1ibreak' git rebase -i HEAD~1 >/dev/null 2>&1; echo paused=$?
+        printf 'pick %s fix typo\n' $C >> .git/rebase-merge/git-rebase-todo; echo todo=$?
+        printf 'pick %s fix typo\n' $C > .git/t2 && mv .git/t2 .git/rebase-merge/git-rebase-todo; echo todo_rename=$?
+        echo $C > .git/rebase-merge/autostash; echo autostash=$?
+        echo $C > .git/rebase-merge/orig-head; echo orig_head=$?
+        echo $C > .git/MERGE_AUTOSTASH; echo merge_autostash=$?
+        echo $C > .git/info/grafts; echo grafts=$?
+        echo /tmp > .git/objects/info/alternates; echo alternates=$?
+        "#,
+        py = PY
+    );
+    let (_, m, ctx) = evil(&l, &script);
+    assert_eq!(
+        m["remote"], "0",
+        "a fetch's refs stay the agent's to move\n{ctx}"
+    );
+    assert_eq!(m["paused"], "0", "{ctx}");
+    for k in [
+        "laundered",
+        "replace",
+        "junk",
+        "held",
+        "todo",
+        "todo_rename",
+        "autostash",
+        "orig_head",
+        "merge_autostash",
+        "grafts",
+        "alternates",
+    ] {
+        assert_ne!(m[k], "0", "{k} was allowed\n{ctx}");
+    }
+    // The human continues, aborts, resets: nothing of the commit lands.
+    for cmd in [
+        "rebase --continue",
+        "rebase --abort",
+        "merge --abort",
+        "reset -q --hard",
+    ] {
+        let _ = sh_in(
+            &l.ws,
+            &format!("git -c safe.directory='*' {cmd} >/dev/null 2>&1"),
+        );
+        assert!(!l.ws.join("src/other/o.ts").exists(), "after {cmd}\n{ctx}");
+    }
+    let all = git("log --exclude=refs/remotes/* --all --name-only --format=");
+    assert!(!all.contains("src/other"), "{all}");
+    assert!(git("replace -l").trim().is_empty());
+    let denied = by_uid(&l, AGENT_UID)
+        .into_iter()
+        .filter(|e| e["mutation_type"] == "DENIAL")
+        .count();
+    assert!(denied >= 11, "{denied} denials on record\n{ctx}");
+}
+
+/// Git does not check a blob's hash when it checks the blob out: other content put under
+/// an existing object's name (copied there, renamed or linked into place) would be what the
+/// human's next checkout writes. A loose object is refused unless its content is the object
+/// its name says; git's own commits (which link objects into place) and gc go on working.
+#[test]
+fn git_objects_hold_what_their_names_say() {
+    let Some(l) = layout() else { return };
+    let _m = l.mount_env(MOUNT, &[]);
+    let script = r#"
+        K=$(git rev-parse HEAD:README.md); F=.git/objects/$(echo $K | cut -c1-2)/$(echo $K | cut -c3-)
+        E=$(printf 'pwned\n' | git hash-object -w --stdin); EF=.git/objects/$(echo $E | cut -c1-2)/$(echo $E | cut -c3-)
+        mv $F .git/saved; echo aside=$?
+        cp $EF $F; echo copy=$?
+        cp $EF .git/tmpobj && mv .git/tmpobj $F; echo rename=$?
+        ln $EF $F; echo link=$?
+        mv .git/saved $F; echo back=$?
+        echo 'export const y = 1;' >> src/auth/session.ts && git commit -qam objects; echo commit=$?
+        git gc -q; echo gc=$?
+    "#;
+    let (_, m, ctx) = evil(&l, script);
+    assert_eq!(
+        (m["aside"].as_str(), m["back"].as_str()),
+        ("0", "0"),
+        "{ctx}"
+    );
+    for k in ["copy", "rename", "link"] {
+        assert_ne!(m[k], "0", "{k} was allowed\n{ctx}");
+    }
+    assert_eq!(
+        (m["commit"].as_str(), m["gc"].as_str()),
+        ("0", "0"),
+        "{ctx}"
+    );
+    let _ = sh_in(
+        &l.ws,
+        "rm -f README.md && git -c safe.directory='*' checkout -q -- README.md",
+    );
+    assert_eq!(ws_text(&l, "README.md"), "# Project\n");
+    let fsck = sh_in(&l.ws, "git -c safe.directory='*' fsck --no-dangling 2>&1");
+    assert!(fsck.status.success(), "{}", text(&fsck.stdout));
+}
+
 /// Git's internals and the worktree stay apart: a hard link across (writes through the
 /// `.git` name would not be on record) and a directory moved out of `.git/` into the
 /// worktree (git's layout and content no entry covers) are refused, and on record.

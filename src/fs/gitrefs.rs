@@ -22,7 +22,12 @@ use crate::guard::{Code, Denial, Identity};
 
 /// `git --git-dir=GITDIR ARGS`, reading only; its stdout, or `None` when git cannot say.
 fn git(gitdir: &Path, args: &[&str]) -> Option<String> {
-    let out = Command::new("git")
+    git_with(gitdir, args, None)
+}
+
+/// [`git`] with `input` on its stdin.
+fn git_with(gitdir: &Path, args: &[&str], input: Option<&str>) -> Option<String> {
+    let mut child = Command::new("git")
         .arg("--git-dir")
         .arg(gitdir)
         .args([
@@ -40,10 +45,21 @@ fn git(gitdir: &Path, args: &[&str]) -> Option<String> {
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env("GIT_OPTIONAL_LOCKS", "0")
         .env("GIT_TERMINAL_PROMPT", "0")
-        .stdin(Stdio::null())
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
-        .output()
+        .spawn()
         .ok()?;
+    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+        use std::io::Write;
+        // (A short list; git reads it whole before answering.)
+        let _ = stdin.write_all(text.as_bytes());
+    }
+    let out = child.wait_with_output().ok()?;
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
@@ -52,6 +68,32 @@ fn git(gitdir: &Path, args: &[&str]) -> Option<String> {
 /// An object id (SHA-1 or SHA-256, hex).
 fn is_oid(s: &str) -> bool {
     (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// What a loose ref's first line points at, read the way git reads it: a symbolic ref
+/// (`ref: …`), or an object id followed by the end or by whitespace (git ignores what
+/// follows: `<oid> junk` is that oid). `None`: neither, a ref git takes for broken.
+pub fn ref_target(line: &str) -> Option<RefTarget> {
+    if let Some(to) = line.strip_prefix("ref:") {
+        return Some(RefTarget::Symbolic(to.trim().to_string()));
+    }
+    let hex = line.bytes().take_while(u8::is_ascii_hexdigit).count();
+    let rest = &line[hex..];
+    let oid = match hex {
+        40 | 64 => &line[..hex],
+        // (A longer run of hex digits: git parses the first 40 or 64 and then finds no
+        // whitespace after them.)
+        _ => return None,
+    };
+    (rest.is_empty() || rest.starts_with(char::is_whitespace))
+        .then(|| RefTarget::Oid(oid.to_ascii_lowercase()))
+}
+
+/// See [`ref_target`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum RefTarget {
+    Oid(String),
+    Symbolic(String),
 }
 
 /// The refs of a `packed-refs` text: name -> object id (peeled `^` lines skipped).
@@ -129,13 +171,80 @@ impl Fs {
         refname: &str,
         new: Option<&str>,
     ) -> Result<usize> {
-        let (Some(gitdir), Some(new)) = (self.root_gitdir(rel), new) else {
+        let (Some(_), Some(new)) = (self.root_gitdir(rel), new) else {
             return Ok(0);
         };
-        if refname.starts_with("refs/remotes/") || !is_oid(new) {
+        // Replace refs change what every other object means to git (a tree or a blob
+        // swapped under the same commit, which no commit check sees): not an agent's.
+        if refname.starts_with("refs/replace/") {
+            let d = Denial::new(
+                Code::ProtectedPath,
+                Operation::Ref,
+                rel,
+                ident.intent().as_deref(),
+                format!("{refname}: a replace ref makes git show and check out another object in place of one that exists"),
+                "Do not use `git replace`; commit the change you want instead.".into(),
+            )
+            .with_rule(Some("git: no replace refs".into()));
+            return Err(self.gate.deny(ident, caller, d));
+        }
+        if refname.starts_with("refs/remotes/") {
             return Ok(0);
         }
-        let Some(list) = git(&gitdir, &["rev-list", new, "--not", "--all"]) else {
+        let new = match ref_target(new) {
+            Some(RefTarget::Oid(o)) => o,
+            Some(RefTarget::Symbolic(_)) => return Ok(0),
+            None => {
+                let d = Denial::new(
+                    Code::ProtectedPath,
+                    Operation::Ref,
+                    rel,
+                    ident.intent().as_deref(),
+                    format!("{refname} would hold {new:?}: neither an object id nor `ref: …`"),
+                    "Move refs with git (`git update-ref`, `git branch`).".into(),
+                )
+                .with_rule(Some(
+                    "git: a ref holds an object id or a symbolic ref".into(),
+                ));
+                return Err(self.gate.deny(ident, caller, d));
+            }
+        };
+        self.check_new_commits(
+            ident,
+            caller,
+            rel,
+            &format!("{refname} cannot move to"),
+            &new,
+        )
+    }
+
+    /// Refuse when a commit `new` brings that no checked ref has changes a path outside
+    /// `ident`'s scope (`refname`: the message's lead, what would bring the commit).
+    fn check_new_commits(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        rel: &Path,
+        refname: &str,
+        new: &str,
+    ) -> Result<usize> {
+        let Some(gitdir) = self.root_gitdir(rel) else {
+            return Ok(0);
+        };
+        // The commits no checked ref has: remote-tracking refs are not checked when they
+        // move (a fetch brings others' commits), so what only they reach counts as new
+        // (else a commit parked on `refs/remotes/…` first would pass unchecked).
+        let list = git(
+            &gitdir,
+            &[
+                "rev-list",
+                new,
+                "--not",
+                "--exclude=refs/remotes/*",
+                "--all",
+            ],
+        );
+        let Some(list) = list else {
             tracing::warn!(
                 "git rev-list {new}: git could not read the repository; commit not checked"
             );
@@ -178,7 +287,7 @@ impl Fs {
                         rel,
                         intent.as_deref(),
                         format!(
-                            "{refname} cannot move to {short}: that commit changes {p}, which {}",
+                            "{refname} {short}: that commit changes {p}, which {}",
                             d.message.trim_start_matches(p).trim_start()
                         ),
                         format!(
@@ -218,6 +327,88 @@ pub fn is_rebase_todo(rel: &Path) -> bool {
             .file_name()
             .and_then(|n| n.to_str())
             .is_some_and(|n| n.starts_with("git-rebase-todo"))
+}
+
+/// Is `rel` a git state file naming commits that git applies, or resets the worktree to,
+/// when someone continues or aborts what was left (`git rebase --continue`/`--abort`,
+/// `cherry-pick --continue`, `merge --abort`, a commit with `MERGE_HEAD`): a rebase or
+/// sequencer todo list, an autostash, the head a rebase started from or goes onto,
+/// `*_HEAD`. An agent could name a commit there that changes files outside its scope,
+/// which the human's git would then write. So what such a file names is checked like a
+/// ref move (see [`Fs::check_named_commits`]).
+pub fn is_commit_list(rel: &Path) -> bool {
+    if !crate::policy::git::in_git_dir(rel) {
+        return false;
+    }
+    let name = rel.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let parent = rel
+        .parent()
+        .and_then(|p| p.file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or("");
+    is_rebase_todo(rel)
+        || (matches!(parent, "rebase-merge" | "rebase-apply")
+            && matches!(
+                name,
+                "autostash" | "orig-head" | "onto" | "stopped-sha" | "amend" | "done"
+            ))
+        || (parent == "sequencer" && matches!(name, "todo" | "done" | "head" | "abort-safety"))
+        || (parent == ".git"
+            && matches!(
+                name,
+                "MERGE_HEAD"
+                    | "CHERRY_PICK_HEAD"
+                    | "REVERT_HEAD"
+                    | "ORIG_HEAD"
+                    | "MERGE_AUTOSTASH"
+                    | "AUTO_MERGE"
+                    | "REBASE_HEAD"
+                    | "BISECT_HEAD"
+            ))
+}
+
+/// Does `file` hold the loose object `oid`: zlib data of `<type> <size>\0<content>` whose
+/// SHA-1 (a 40-digit id) or SHA-256 (64) is `oid`? Git does not check a blob's hash when
+/// it checks the blob out, so a file put under an existing object's name with other
+/// content would be written into the worktree by the human's next checkout.
+pub fn loose_object_matches(file: &std::fs::File, oid: &str) -> bool {
+    use sha1::Digest as _;
+    use std::io::Read;
+    let mut z = flate2::read::ZlibDecoder::new(std::io::BufReader::new(file));
+    let mut buf = vec![0u8; 64 << 10];
+    let mut s1 = sha1::Sha1::new();
+    let mut s2 = sha2::Sha256::new();
+    loop {
+        match z.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if oid.len() == 40 {
+                    s1.update(&buf[..n]);
+                } else {
+                    s2.update(&buf[..n]);
+                }
+            }
+            Err(_) => return false,
+        }
+    }
+    let got = if oid.len() == 40 {
+        hex::encode(s1.finalize())
+    } else {
+        hex::encode(s2.finalize())
+    };
+    got == oid
+}
+
+/// Words of `text` that may name an object (7 to 64 hex digits).
+fn oid_words(text: &[u8]) -> Vec<String> {
+    let mut out: Vec<String> = String::from_utf8_lossy(text)
+        .split(|c: char| c.is_whitespace() || c == ':' || c == '^' || c == '~')
+        .filter(|w| (7..=64).contains(&w.len()) && w.bytes().all(|b| b.is_ascii_hexdigit()))
+        .map(str::to_ascii_lowercase)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// Is `rel` a git directory's `rebase-merge` (where git reads the todo list from)? A
@@ -355,23 +546,109 @@ impl Fs {
         name: &std::ffi::OsStr,
         rel: &Path,
     ) -> Result<()> {
-        if !is_rebase_todo(rel) {
+        if !is_commit_list(rel) {
             return Ok(());
         }
         let st = super::sys::stat_at(dir, name)?;
-        let bad = match st.st_mode & libc::S_IFMT {
-            libc::S_IFDIR => false,
-            libc::S_IFREG if st.st_nlink <= 1 => {
-                let text = super::sys::open_read_at(dir, name)
-                    .ok()
-                    .and_then(|f| super::hash::read_small(&f, 16 << 20))
-                    .unwrap_or_default();
-                todo_runs_commands(&text)
-            }
-            _ => true,
+        let text = match st.st_mode & libc::S_IFMT {
+            libc::S_IFDIR => return Ok(()),
+            libc::S_IFREG if st.st_nlink <= 1 => super::sys::open_read_at(dir, name)
+                .ok()
+                .and_then(|f| super::hash::read_small(&f, 16 << 20))
+                .unwrap_or_default(),
+            _ => return Err(self.todo_denial(ident, caller, rel)),
         };
-        if bad {
+        if is_rebase_todo(rel) && todo_runs_commands(&text) {
             return Err(self.todo_denial(ident, caller, rel));
+        }
+        self.check_named_commits(ident, caller, rel, &text)
+    }
+
+    /// The refusal of a file still open for writing that would become a ref, a git state
+    /// file or an object (`to`): writes through that handle would change it unchecked.
+    pub(crate) fn still_open_denial(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        op: Operation,
+        from: &Path,
+        to: &Path,
+    ) -> super::FsError {
+        let d = Denial::new(
+            Code::ProtectedPath,
+            op,
+            to,
+            ident.intent().as_deref(),
+            format!(
+                "{} is open for writing: as {}, its later writes would change a git ref, state file or object unchecked",
+                from.display(),
+                to.display()
+            ),
+            "Close the file before putting it into place (as git does with its lock and temporary files).".into(),
+        )
+        .with_rule(Some("git: refs, state files and objects are put into place closed".into()));
+        self.gate.deny(ident, caller, d)
+    }
+
+    /// A file arriving at a loose object's name (linked or renamed there, alone or in a
+    /// directory moved): refused unless its content is that object.
+    pub(crate) fn check_loose_object(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        file: Option<&std::fs::File>,
+        rel: &Path,
+    ) -> Result<()> {
+        let Some(oid) = crate::policy::git::loose_object_id(rel) else {
+            return Ok(());
+        };
+        if file.is_some_and(|f| loose_object_matches(f, &oid)) {
+            return Ok(());
+        }
+        let d = Denial::new(
+            Code::ProtectedPath,
+            Operation::Rename,
+            rel,
+            ident.intent().as_deref(),
+            format!(
+                "{} is not the git object {oid} its name says: git would check out its content as that object's",
+                rel.display()
+            ),
+            "Let git write its objects (`git hash-object -w`, `git add`, `git commit`).".into(),
+        )
+        .with_rule(Some("git: a loose object holds the object its name says".into()));
+        Err(self.gate.deny(ident, caller, d))
+    }
+
+    /// Refuse a git state file (see [`is_commit_list`]) whose content names a commit that
+    /// brings changes outside `ident`'s scope (what a ref moved to it would be refused for).
+    pub(crate) fn check_named_commits(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        rel: &Path,
+        text: &[u8],
+    ) -> Result<()> {
+        let Some(gitdir) = self.root_gitdir(rel) else {
+            return Ok(());
+        };
+        let words = oid_words(text);
+        if words.is_empty() {
+            return Ok(());
+        }
+        // Which words are commits (abbreviated ids resolved); one git for all of them.
+        let Some(found) = git_with(
+            &gitdir,
+            &["cat-file", "--batch-check=%(objectname) %(objecttype)"],
+            Some(&(words.join("\n") + "\n")),
+        ) else {
+            return Ok(());
+        };
+        let what = format!("{} would have git apply", rel.display());
+        for line in found.lines() {
+            if let Some((oid, "commit")) = line.split_once(' ') {
+                self.check_new_commits(ident, caller, rel, &what, oid)?;
+            }
         }
         Ok(())
     }
@@ -390,11 +667,11 @@ impl Fs {
             text.resize(end, b' ');
         }
         text[offset as usize..end].copy_from_slice(data);
-        if todo_runs_commands(&text) {
-            let rel = self.display_rel(&h.node);
+        let rel = self.display_rel(&h.node);
+        if todo_runs_commands(&text) && is_rebase_todo(&rel) {
             return Err(self.todo_denial(&h.identity, &h.caller, &rel));
         }
-        Ok(())
+        self.check_named_commits(&h.identity, &h.caller, &rel, &text)
     }
 }
 
@@ -409,6 +686,32 @@ fn show_dir(p: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ref_is_read_as_git_reads_it() {
+        let oid = "0123456789abcdef0123456789abcdef01234567";
+        assert_eq!(ref_target(oid), Some(RefTarget::Oid(oid.into())));
+        // Git ignores what follows the id after whitespace: still that id.
+        assert_eq!(
+            ref_target(&format!("{oid} junk")),
+            Some(RefTarget::Oid(oid.into()))
+        );
+        assert_eq!(
+            ref_target(&format!("{oid}\tx")),
+            Some(RefTarget::Oid(oid.into()))
+        );
+        let long = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        assert_eq!(ref_target(long), Some(RefTarget::Oid(long.into())));
+        assert_eq!(
+            ref_target("ref: refs/heads/main"),
+            Some(RefTarget::Symbolic("refs/heads/main".into()))
+        );
+        // Broken for git: too short, glued text, a longer run of hex.
+        assert_eq!(ref_target("0123abc"), None);
+        assert_eq!(ref_target(&format!("{oid}x")), None);
+        assert_eq!(ref_target(&format!("{oid}0")), None);
+        assert_eq!(ref_target(""), None);
+    }
 
     #[test]
     fn packed_refs_changes_are_found() {

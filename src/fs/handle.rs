@@ -65,7 +65,9 @@ pub struct WriteState {
     /// before the first byte lands) and the `WRITE` that completes it carry it as
     /// `detail.handle`, so content a crash leaves is attributed to the handle that wrote it.
     pub token: String,
-    /// A rebase todo list: every write is checked not to add commands to run.
+    /// A rebase todo list or another git state file naming commits
+    /// ([`super::gitrefs::is_commit_list`]): every write is checked (no commands to run, no
+    /// commit bringing changes outside the scope).
     pub todo: bool,
     /// Changed (written, truncated, created) since the last ledger entry.
     pub dirty: bool,
@@ -169,7 +171,7 @@ impl FileHandle {
             None => HandleState::Read(ReadState::default()),
             Some(w) => HandleState::Write(Box::new(WriteState {
                 read: ReadState::default(),
-                todo: super::gitrefs::is_rebase_todo(&w.rel),
+                todo: super::gitrefs::is_commit_list(&w.rel),
                 token: w.token,
                 dirty: w.truncated,
                 wrote: false,

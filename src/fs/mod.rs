@@ -367,9 +367,10 @@ impl Fs {
     }
 
     /// Whether a write handle on `rel` bypasses the daemon: with kernel passthrough of
-    /// data, every one but a rebase todo list's (each of its writes is checked as text).
+    /// data, every one but a git state file's that names commits or commands (each of its
+    /// writes is checked as text, see [`gitrefs::is_commit_list`]).
     pub(crate) fn pt_writes(&self, rel: &Path) -> bool {
-        self.data_passthrough() && !gitrefs::is_rebase_todo(rel)
+        self.data_passthrough() && !gitrefs::is_commit_list(rel)
     }
 
     /// The open write handles of the identity with `key` (with kernel passthrough of data,

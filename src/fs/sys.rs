@@ -93,7 +93,8 @@ pub fn read_ref_at(dir: BorrowedFd<'_>, name: &OsStr) -> Option<String> {
     let mut f = open_read_at(dir, name).ok()?;
     let mut buf = [0u8; 512];
     let n = std::io::Read::read(&mut f, &mut buf).ok()?;
-    let text = std::str::from_utf8(&buf[..n]).ok()?;
+    // (Lossy: bytes git ignores after the object id must not hide the id from the check.)
+    let text = String::from_utf8_lossy(&buf[..n]);
     Some(text.lines().next().unwrap_or("").trim().to_string())
 }
 

@@ -287,6 +287,36 @@ impl Guard {
         {
             return Err(ref_write_denial(op, rel, intent));
         }
+        // A loose object is written under a temporary name and linked or renamed into
+        // place, where its content is checked (`fs::gitrefs::check_loose_object`); never
+        // written in place.
+        if !is_dir
+            && matches!(
+                op,
+                Operation::Write
+                    | Operation::OpenWrite
+                    | Operation::Create
+                    | Operation::Truncate
+                    | Operation::Symlink
+                    | Operation::Mknod
+            )
+            && crate::policy::git::loose_object_id(rel).is_some()
+        {
+            return Err(Denial::new(
+                Code::ProtectedPath,
+                op,
+                rel,
+                intent,
+                format!(
+                    "{} is a git object: it is never changed, and made only by git",
+                    show(rel)
+                ),
+                "Let git write its objects (`git hash-object -w`, `git add`, `git commit`).".into(),
+            )
+            .with_rule(Some(
+                "git: a loose object holds the object its name says".into(),
+            )));
+        }
         if rel.as_os_str().is_empty() {
             return Err(Denial::new(
                 Code::ProtectedPath,

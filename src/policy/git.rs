@@ -106,6 +106,15 @@ fn exec_entry(r: &[std::borrow::Cow<'_, str>]) -> Option<&'static str> {
         "info" if r.get(1).is_some_and(|n| n.starts_with("attributes")) => {
             Some("info/attributes selects filter and diff drivers")
         }
+        "info" if r.get(1).is_some_and(|n| n.starts_with("grafts")) => {
+            Some("info/grafts rewrites commits' parents: what git takes as already reachable")
+        }
+        "objects"
+            if r.get(1).is_some_and(|n| n == "info")
+                && r.get(2).is_some_and(|n| n.contains("alternates")) =>
+        {
+            Some("objects/info/alternates lends git objects from another directory, which no check sees")
+        }
         _ => None,
     }
 }
@@ -124,6 +133,26 @@ pub fn ref_name(rel: &Path) -> Option<String> {
         "refs" if r.len() > 1 => Some(r.join("/")),
         _ => None,
     }
+}
+
+/// The object id a loose object's final name gives (`objects/xx/<38 or 62 hex>` in a git
+/// directory), if `rel` is one. Git writes a loose object under a temporary name and links
+/// or renames it there; it never writes one in place, nor changes one.
+pub fn loose_object_id(rel: &Path) -> Option<String> {
+    if !in_git_dir(rel) {
+        return None;
+    }
+    let hex = |s: &str| s.bytes().all(|b| b.is_ascii_hexdigit());
+    let name = rel.file_name()?.to_str()?;
+    let dir = rel.parent()?;
+    let fan = dir.file_name()?.to_str()?;
+    let objects = dir.parent()?.file_name()?;
+    (objects == "objects"
+        && fan.len() == 2
+        && hex(fan)
+        && matches!(name.len(), 38 | 62)
+        && hex(name))
+    .then(|| format!("{fan}{name}").to_ascii_lowercase())
 }
 
 /// Is `rel` a ref file of a repository: a loose ref (`HEAD`, `refs/...`) or `packed-refs`

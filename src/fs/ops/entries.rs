@@ -148,7 +148,7 @@ impl Fs {
         // the checks never see.
         if let Ok(p) = self.node(parent) {
             let rel = self.child_rel(&p, name)?;
-            if crate::fs::gitrefs::is_rebase_todo(&rel) || crate::fs::gitrefs::is_rebase_dir(&rel) {
+            if crate::fs::gitrefs::is_commit_list(&rel) || crate::fs::gitrefs::is_rebase_dir(&rel) {
                 let ident = self.authorize(caller, Operation::Symlink, &rel, false)?;
                 return Err(self.todo_denial(&ident, caller, &rel));
             }
@@ -200,10 +200,42 @@ impl Fs {
         // first are not on record, and a rebase todo list with another name is changed
         // without its check. Git never links across (nor to a todo list).
         let names = self.alias_rels(&node);
-        if crate::fs::gitrefs::is_rebase_todo(&rel)
-            || names.iter().any(|n| crate::fs::gitrefs::is_rebase_todo(n))
+        if crate::fs::gitrefs::is_commit_list(&rel)
+            || names.iter().any(|n| crate::fs::gitrefs::is_commit_list(n))
         {
             return Err(self.todo_denial(&ident, caller, &rel));
+        }
+        // (Git links a loose object from its temporary name into place: its content must
+        // be the object, and the temporary closed, as for a rename.)
+        // (The file's stale lock is held through the link: a write open of it, which takes
+        // that lock, either came before and is seen here, or comes after and finds the
+        // object's name, where it is refused.)
+        let mut _object_lock = Vec::new();
+        if crate::policy::git::loose_object_id(&rel).is_some() {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+            self.settled(&node);
+            let open = || node.open_file_handles().iter().any(|h| h.writable);
+            while open() {
+                if std::time::Instant::now() >= deadline {
+                    return Err(self.still_open_denial(
+                        &ident,
+                        caller,
+                        Operation::Link,
+                        &from,
+                        &rel,
+                    ));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            _object_lock = self.table.stale_locks(&[(node.dev, node.ino)]);
+            if open() {
+                return Err(self.still_open_denial(&ident, caller, Operation::Link, &from, &rel));
+            }
+            let f = self
+                .fd(&node)
+                .ok()
+                .and_then(|fd| sys::reopen_quiet(self.proc_fd.as_fd(), fd.as_fd()).ok());
+            self.check_loose_object(&ident, caller, f.as_ref(), &rel)?;
         }
         let git = crate::policy::git::in_git_dir;
         if let Some(other) = names.iter().find(|n| git(n) != git(&rel)) {

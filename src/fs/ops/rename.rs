@@ -138,6 +138,10 @@ impl Fs {
                         return Err(self.gate.deny(ident, caller, d));
                     }
                     self.check_todo_entry(ident, caller, dfd.as_fd(), name, &n)?;
+                    if crate::policy::git::loose_object_id(&n).is_some() {
+                        let f = sys::open_read_at(dfd.as_fd(), name).ok();
+                        self.check_loose_object(ident, caller, f.as_ref(), &n)?;
+                    }
                     if e.kind == libc::DT_LNK && crate::fs::gitrefs::is_rebase_dir(&n) {
                         return Err(self.todo_denial(ident, caller, &n));
                     }
@@ -201,6 +205,10 @@ impl Fs {
         let (_stale, now) = self.lock_names(&[(r.pfd.as_fd(), name), (r.npfd.as_fd(), newname)]);
         let ino = |s: &Option<sys::Stat>| s.map(|s| (s.st_dev, s.st_ino));
         if ino(&now[0]) != ino(&Some(r.src)) || ino(&now[1]) != ino(&r.dst) {
+            return Ok(None);
+        }
+        // (Opened for writing again since the look in `rename_authorize`: look again.)
+        if checked_name(&r.to) && !r.src_dir && self.open_for_writing(&r.src) {
             return Ok(None);
         }
         // Stale checks: renaming a file away, and renaming over one (what `sed -i` and
@@ -323,7 +331,34 @@ impl Fs {
             r.to.parent().unwrap_or(Path::new("")),
             r.newname,
         )?;
+        // A file becoming a ref or a rebase todo list, whose content is checked as it
+        // arrives, must not stay open for writing: writes through that handle would change
+        // it unchecked. (Git closes its lock file before renaming it; the kernel's release
+        // of that handle may come a moment after the rename: it is waited for.)
+        if !r.src_dir && checked_name(&r.to) {
+            // (`--record async`: a release the recorder has queued comes first.)
+            if let Some(n) = self.table.by_backing(r.src.st_dev, r.src.st_ino) {
+                self.settled(&n);
+            }
+            let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+            while self.open_for_writing(&r.src) {
+                if std::time::Instant::now() >= deadline {
+                    return Err(self.still_open_denial(
+                        &ident,
+                        caller,
+                        Operation::Rename,
+                        &r.from,
+                        &r.to,
+                    ));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        }
         if !r.src_dir {
+            if crate::policy::git::loose_object_id(&r.to).is_some() {
+                let f = sys::open_read_at(r.pfd.as_fd(), r.name).ok();
+                self.check_loose_object(&ident, caller, f.as_ref(), &r.to)?;
+            }
             self.check_todo_entry(&ident, caller, r.pfd.as_fd(), r.name, &r.to)?;
             // (A symlink named `rebase-merge` would have git read its todo list elsewhere.)
             if crate::fs::gitrefs::is_rebase_dir(&r.to)
@@ -586,6 +621,13 @@ impl Fs {
         }
     }
 
+    /// Whether the file behind `st` has a write handle open (any identity's).
+    fn open_for_writing(&self, st: &sys::Stat) -> bool {
+        self.table
+            .by_backing(st.st_dev, st.st_ino)
+            .is_some_and(|n| n.open_file_handles().iter().any(|h| h.writable))
+    }
+
     /// A rename from the workspace into git's internals: what it moves leaves the record
     /// there (its entry is written all the same, see `Gate::record`).
     fn leaves_record(&self, r: &RenameReq<'_>) -> bool {
@@ -644,4 +686,12 @@ struct RenameEffects {
 fn read_at(dir: std::os::fd::BorrowedFd<'_>, name: &OsStr, limit: u64) -> Option<Vec<u8>> {
     let f = sys::open_read_at(dir, name).ok()?;
     crate::fs::hash::read_small(&f, limit)
+}
+
+/// A name whose content is checked when a file arrives there: a git ref or a rebase todo
+/// list (see `Fs::rename_authorize`).
+fn checked_name(rel: &Path) -> bool {
+    crate::policy::git::is_ref_file(rel)
+        || crate::fs::gitrefs::is_commit_list(rel)
+        || crate::policy::git::loose_object_id(rel).is_some()
 }
