@@ -1475,6 +1475,65 @@ fn git_objects_hold_what_their_names_say() {
     assert!(fsck.status.success(), "{}", text(&fsck.stdout));
 }
 
+/// `git: read-only` in the policy: the agent reads git (log, status, diff, blame) but
+/// writes none of its internals: its commit, branch, stash and a hand-made ref are refused
+/// and on record, and the repository on disk is unchanged.
+#[test]
+fn a_read_only_git_policy_keeps_every_git_write_from_the_agent() {
+    let policy = format!("{POLICY}git: read-only\n");
+    let Some(l) = layout_with(&policy, FILES) else {
+        return;
+    };
+    let _m = l.mount_env(MOUNT, &[]);
+    let git = |args: &str| {
+        ok(
+            sh_in(&l.ws, &format!("git -c safe.directory='*' {args}")),
+            args,
+        )
+    };
+    let head0 = git("rev-parse HEAD");
+    let refs0 = git("for-each-ref");
+    let script = r#"
+        git log --oneline >/dev/null; echo log=$?
+        git status --short >/dev/null; echo status=$?
+        echo 'export const z = 1;' >> src/auth/session.ts; echo edit=$?
+        git diff --stat >/dev/null; echo diff=$?
+        git commit -qam 'agent commit' 2>/dev/null; echo commit=$?
+        git branch side 2>/dev/null; echo branch=$?
+        git stash -q 2>/dev/null; echo stash=$?
+        echo x > .git/refs/heads/y.lock; echo lock=$?
+    "#;
+    let (_, m, ctx) = evil(&l, script);
+    for k in ["log", "status", "edit", "diff"] {
+        assert_eq!(m[k], "0", "{k} failed\n{ctx}");
+    }
+    for k in ["commit", "branch", "stash", "lock"] {
+        assert_ne!(m[k], "0", "{k} was allowed\n{ctx}");
+    }
+    assert_eq!(git("rev-parse HEAD"), head0);
+    assert_eq!(git("for-each-ref"), refs0);
+    // The edit is in the worktree, on record; git's files are not.
+    assert!(ws_text(&l, "src/auth/session.ts").contains("z = 1"));
+    let denied: Vec<Value> = by_uid(&l, AGENT_UID)
+        .into_iter()
+        .filter(|e| e["rule"] == "policy git: read-only")
+        .collect();
+    assert!(
+        !denied.is_empty(),
+        "no denial names the rule: {:#?}\n{ctx}",
+        by_uid(&l, AGENT_UID)
+            .into_iter()
+            .filter(|e| e["mutation_type"] == "DENIAL")
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        denied
+            .iter()
+            .all(|e| e["path"].as_str().is_some_and(|p| p.starts_with(".git/"))),
+        "{denied:#?}"
+    );
+}
+
 /// Git's internals and the worktree stay apart: a hard link across (writes through the
 /// `.git` name would not be on record) and a directory moved out of `.git/` into the
 /// worktree (git's layout and content no entry covers) are refused, and on record.

@@ -268,6 +268,19 @@ impl Guard {
             )
             .with_rule(Some(rule)));
         }
+        // `git: read-only` in the policy: no agent writes any git directory.
+        if rules.policy.git_read_only() && crate::policy::git::in_git_dir(rel) {
+            return Err(Denial::new(
+                Code::ProtectedPath,
+                op,
+                rel,
+                intent,
+                format!("{} is inside git's internals, which this workspace's policy keeps read-only (`git: read-only`)", show(rel)),
+                "Read with git as you like (log, diff, status, blame); leave committing to the human, or ask them to set `git: writable`."
+                    .into(),
+            )
+            .with_rule(Some("policy git: read-only".into())));
+        }
         // A ref written in place (or made, linked, truncated) would move a branch to any
         // commit, one that changes files outside the scope included, without the check a
         // ref move gets (`fs::gitrefs`) and without its REF entry. Git itself writes a

@@ -329,6 +329,8 @@ pub struct Policy {
     output: RuleSet,
     /// `versions:`: what the content store keeps.
     versions: VersionPolicy,
+    /// `git: read-only`: no agent writes any git directory (see [`Policy::git_read_only`]).
+    git_read_only: bool,
 }
 
 impl Policy {
@@ -403,7 +405,17 @@ impl Policy {
             lessons_file: None,
             output: RuleSet::empty(),
             versions: VersionPolicy::default(),
+            git_read_only: false,
         }
+    }
+
+    /// `git: read-only`: agents may read git's internals (log, diff, status, blame) but
+    /// not write them: no commit, branch, stash or rebase through the mount. For an
+    /// operator who commits the agents' work themselves and wants none of git's state in
+    /// the agents' hands (see docs/security.md: what the checks of git's internals do not
+    /// cover).
+    pub fn git_read_only(&self) -> bool {
+        self.git_read_only
     }
 
     /// All intents, in file order, whatever their status.
@@ -683,6 +695,24 @@ fn build(raw: schema::RawPolicy, origin: &Path) -> Result<Policy, PolicyError> {
 
     let output = glob_rules(raw.output, "output")?;
     let versions = versions::build(raw.versions, origin, glob_rules)?;
+    let git_read_only = match raw.git {
+        None => false,
+        Some(g) => match g.value.as_str() {
+            "writable" => false,
+            "read-only" => true,
+            other => {
+                return Err(err(
+                    (g.referenced.line(), g.referenced.column()),
+                    format!("unknown git value {}", quote(other)),
+                    did_you_mean(
+                        other,
+                        &["writable", "read-only"],
+                        "git is `writable` (agents may commit; the default) or `read-only` (agents read git's internals but write none)",
+                    ),
+                ))
+            }
+        },
+    };
     let lessons_file = match raw.lessons_file {
         None => None,
         Some(l) => {
@@ -711,6 +741,7 @@ fn build(raw: schema::RawPolicy, origin: &Path) -> Result<Policy, PolicyError> {
         lessons_file,
         output,
         versions,
+        git_read_only,
     })
 }
 

@@ -44,6 +44,9 @@ pub(crate) struct RawPolicy {
     /// What the content store keeps (file versions) and for how long.
     #[serde(default)]
     pub versions: Option<Spanned<RawVersions>>,
+    /// `writable` (default) | `read-only`: may agents write git's internals (commit)?
+    #[serde(default)]
+    pub git: Option<Spanned<String>>,
 }
 
 /// The `versions:` mapping as written. Sizes and durations are strings (`64 MiB`, `30d`)

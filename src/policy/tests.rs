@@ -285,6 +285,7 @@ fn semantic_errors_carry_the_entry_position() {
         ("approval:\n  timeout_s: 86401\n", ":2:14: approval timeout_s must be", "timeout_s: 60"),
         ("approval:\n  timeout_s: -5\n", ":2:14: approval timeout_s must be a whole number of seconds from 1 to 86400, got \"-5\"", "timeout_s: 60"),
         ("approval:\n  timeout_s: 60s\n", ":2:14: approval timeout_s must be a whole number of seconds from 1 to 86400, got \"60s\"", "timeout_s: 60"),
+        ("git: readonly\n", ":1:6: unknown git value \"readonly\"", "did you mean \"read-only\"?"),
     ];
     for (text, first, hint) in table {
         let s = parse_err(text);
@@ -731,4 +732,17 @@ fn versions_section_defaults_values_and_errors() {
     assert!(e.contains("versions.keep") && e.contains("30d"), "{e}");
     let e = parse_err("intents: []\nversions:\n  max_file_sise: 1 MiB\n");
     assert!(e.contains("max_file_size"), "{e}");
+}
+
+#[test]
+fn git_is_writable_unless_the_policy_says_read_only() {
+    assert!(!Policy::parse("intents: []\n", Path::new(FILE))
+        .unwrap()
+        .git_read_only());
+    assert!(!Policy::parse("git: writable\n", Path::new(FILE))
+        .unwrap()
+        .git_read_only());
+    assert!(Policy::parse("git: read-only\n", Path::new(FILE))
+        .unwrap()
+        .git_read_only());
 }
