@@ -39,4 +39,5 @@ pub mod policy;
 pub mod stat;
 pub mod store;
 pub mod telemetry;
+pub mod text;
 pub mod versions;

@@ -114,6 +114,45 @@ fn evil(
     (out, m, ctx)
 }
 
+/// Shell lines that make `$C`, a commit changing `src/other/o.ts` (outside INT-001's
+/// scope), with its tree `$T`, leaving the index and the worktree alone.
+const OUT_OF_SCOPE_COMMIT: &str = r#"
+        B=$(printf 'pwned\n' | git hash-object -w --stdin)
+        export GIT_INDEX_FILE=/tmp/intentfs-atk-index.$$
+        git read-tree HEAD && git update-index --add --cacheinfo 100644,$B,src/other/o.ts
+        T=$(git write-tree); C=$(git commit-tree $T -p HEAD -m innocent); unset GIT_INDEX_FILE
+"#;
+
+/// The human's `git ARGS` in the workspace (not through the mount): its stdout.
+fn git_in(l: &Layout, args: &str) -> String {
+    ok(
+        sh_in(&l.ws, &format!("git -c safe.directory='*' {args}")),
+        args,
+    )
+}
+
+/// The human runs `git rebase --continue` in the workspace: it must not run the command
+/// that would touch `marker`.
+fn human_continues_the_rebase(l: &Layout, marker: &Path) {
+    let _ = sh_in(
+        &l.ws,
+        "git -c safe.directory='*' rebase --continue >/dev/null 2>&1",
+    );
+    assert!(
+        !marker.exists(),
+        "the planted rebase ran the agent's command"
+    );
+}
+
+/// The paths of the agent's `PROTECTED_PATH` refusals on record.
+fn protected_denials(l: &Layout) -> Vec<String> {
+    by_uid(l, AGENT_UID)
+        .into_iter()
+        .filter(|e| e["code"] == "PROTECTED_PATH")
+        .filter_map(|e| e["path"].as_str().map(str::to_string))
+        .collect()
+}
+
 fn ws_text(l: &Layout, rel: &str) -> String {
     std::fs::read_to_string(l.ws.join(rel)).unwrap_or_else(|e| panic!("ws/{rel}: {e}"))
 }
@@ -1180,14 +1219,7 @@ fn a_rebase_todo_cannot_run_commands() {
     let todo =
         std::fs::read_to_string(l.ws.join(".git/rebase-merge/git-rebase-todo")).unwrap_or_default();
     assert!(!todo.contains("touch"), "{todo}");
-    let _ = sh_in(
-        &l.ws,
-        "git -c safe.directory='*' rebase --continue >/dev/null 2>&1",
-    );
-    assert!(
-        !marker.exists(),
-        "the planted rebase ran the agent's command"
-    );
+    human_continues_the_rebase(&l, &marker);
 }
 
 /// The routes around the todo check (found by an attack pass): a directory with a planted
@@ -1248,14 +1280,7 @@ fn a_rebase_todo_cannot_be_planted_by_a_rename_a_link_or_a_symlink() {
         })
         .count();
     assert!(denials >= 6, "{denials} denials on record\n{ctx}");
-    let _ = sh_in(
-        &l.ws,
-        "git -c safe.directory='*' rebase --continue >/dev/null 2>&1",
-    );
-    assert!(
-        !marker.exists(),
-        "the planted rebase ran the agent's command"
-    );
+    human_continues_the_rebase(&l, &marker);
 }
 
 /// Refs move only the way git moves them: a ref file written in place (a branch pointed at
@@ -1266,19 +1291,11 @@ fn a_rebase_todo_cannot_be_planted_by_a_rename_a_link_or_a_symlink() {
 fn a_ref_written_in_place_is_refused_and_git_still_works() {
     let Some(l) = layout() else { return };
     let _m = l.mount_env(MOUNT, &[]);
-    let git = |args: &str| {
-        ok(
-            sh_in(&l.ws, &format!("git -c safe.directory='*' {args}")),
-            args,
-        )
-    };
+    let git = |args: &str| git_in(&l, args);
     let head0 = git("rev-parse HEAD").trim().to_string();
     let branch = git("symbolic-ref --short HEAD").trim().to_string();
-    let script = r#"
-        B=$(printf 'pwned\n' | git hash-object -w --stdin)
-        export GIT_INDEX_FILE=/tmp/intentfs-atk-index.$$
-        git read-tree HEAD && git update-index --cacheinfo 100644,$B,src/other/o.ts
-        C=$(git commit-tree $(git write-tree) -p HEAD -m innocent); unset GIT_INDEX_FILE
+    let script = OUT_OF_SCOPE_COMMIT.to_string()
+        + r#"
         BR=$(git symbolic-ref --short HEAD)
         echo $C > .git/refs/heads/$BR; echo loose=$?
         echo $C > .git/refs/heads/newb; echo new=$?
@@ -1293,7 +1310,7 @@ fn a_ref_written_in_place_is_refused_and_git_still_works() {
         git checkout -q $BR; git pack-refs --all; echo pack=$?
         git gc -q; echo gc=$?
     "#;
-    let (_, m, ctx) = evil(&l, script);
+    let (_, m, ctx) = evil(&l, &script);
     for k in [
         "loose", "new", "packed", "head", "link", "dir_in", "dir_out",
     ] {
@@ -1309,11 +1326,7 @@ fn a_ref_written_in_place_is_refused_and_git_still_works() {
     assert_eq!(git("rev-parse HEAD~1").trim(), head0);
     assert!(git("branch --list newb p l2 'evil/*'").trim().is_empty());
     assert!(!git("branch --list keep/one").trim().is_empty());
-    let denied: Vec<String> = by_uid(&l, AGENT_UID)
-        .into_iter()
-        .filter(|e| e["code"] == "PROTECTED_PATH")
-        .filter_map(|e| e["path"].as_str().map(str::to_string))
-        .collect();
+    let denied = protected_denials(&l);
     for p in [
         format!(".git/refs/heads/{branch}"),
         ".git/refs/heads/newb".into(),
@@ -1348,19 +1361,10 @@ fn a_ref_written_in_place_is_refused_and_git_still_works() {
 fn commits_git_would_apply_later_are_checked_like_ref_moves() {
     let Some(l) = layout() else { return };
     let _m = l.mount_env(MOUNT, &[]);
-    let git = |args: &str| {
-        ok(
-            sh_in(&l.ws, &format!("git -c safe.directory='*' {args}")),
-            args,
-        )
-    };
+    let git = |args: &str| git_in(&l, args);
     let branch = git("symbolic-ref --short HEAD").trim().to_string();
     let script = format!(
-        r#"
-        B=$(printf 'pwned\n' | git hash-object -w --stdin)
-        export GIT_INDEX_FILE=/tmp/intentfs-atk2-index.$$
-        git read-tree HEAD && git update-index --add --cacheinfo 100644,$B,src/other/o.ts
-        T=$(git write-tree); C=$(git commit-tree $T -p HEAD -m innocent); unset GIT_INDEX_FILE
+        r#"{commit}
         git update-ref refs/remotes/origin/evil $C; echo remote=$?
         git update-ref refs/heads/{branch} $C; echo laundered=$?
         git replace -f $(git rev-parse HEAD^{{tree}}) $T; echo replace=$?
@@ -1387,6 +1391,7 @@ except OSError as e:
         echo $C > .git/info/grafts; echo grafts=$?
         echo /tmp > .git/objects/info/alternates; echo alternates=$?
         "#,
+        commit = OUT_OF_SCOPE_COMMIT,
         py = PY
     );
     let (_, m, ctx) = evil(&l, &script);
@@ -1485,12 +1490,7 @@ fn a_read_only_git_policy_keeps_every_git_write_from_the_agent() {
         return;
     };
     let _m = l.mount_env(MOUNT, &[]);
-    let git = |args: &str| {
-        ok(
-            sh_in(&l.ws, &format!("git -c safe.directory='*' {args}")),
-            args,
-        )
-    };
+    let git = |args: &str| git_in(&l, args);
     let head0 = git("rev-parse HEAD");
     let refs0 = git("for-each-ref");
     let script = r#"
@@ -1565,11 +1565,7 @@ fn git_internals_and_the_worktree_are_not_linked_or_moved_across() {
     assert!(!l.ws.join("src/auth/y").exists());
     assert!(!l.ws.join("src/auth/bare").exists());
     assert!(!l.ws.join("src/auth/g").exists());
-    let denied: Vec<String> = by_uid(&l, AGENT_UID)
-        .into_iter()
-        .filter(|e| e["code"] == "PROTECTED_PATH")
-        .filter_map(|e| e["path"].as_str().map(str::to_string))
-        .collect();
+    let denied = protected_denials(&l);
     for p in [".git/alias", "src/auth/y", ".git/foo", ".git/e"] {
         assert!(
             denied.iter().any(|d| d == p),

@@ -11,6 +11,7 @@
 //!
 //! The channel decides through [`Decider`]; it never sees the broker.
 
+use crate::text::visible;
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::Path;
@@ -206,7 +207,7 @@ fn action_decision(ask: &Ask, key: &str) -> Option<Decision> {
 /// other daemons list actions by summary, so a person with many prompts open can tell them
 /// apart), body says who, which intent, which operation, and how to answer from a terminal.
 fn request_notification(id: u64, ask: &Ask, mountpoint: &Path, timeout: Duration) -> Notification {
-    let path = clean(&ask.path.to_string_lossy());
+    let path = visible(&ask.path.to_string_lossy());
     let question = match ask.kind {
         AskKind::OutOfScope => "approve write outside scope?",
         AskKind::SensitiveRead => "approve reading a sensitive file?",
@@ -216,20 +217,20 @@ fn request_notification(id: u64, ask: &Ask, mountpoint: &Path, timeout: Duration
     let intent = ask
         .intent
         .as_deref()
-        .map(clean)
+        .map(visible)
         .unwrap_or_else(|| "none selected".into());
     let reason = ask
         .reason
         .as_deref()
-        .map(|r| format!("the agent says: \"{}\"\n", shorten(&clean(r), 200)))
+        .map(|r| format!("the agent says: \"{}\"\n", shorten(&visible(r), 200)))
         .unwrap_or_default();
     let body = format!(
         "agent: {agent} ({identity})\nintent: {intent}\noperation: {op} {path}\nmount: {mount}\n{reason}\
          request #{id}: rejected after {secs}s without an answer; `intentfs approve {id}` works too",
-        agent = clean(&ask.agent),
-        identity = clean(&ask.identity),
-        op = clean(&ask.op),
-        mount = clean(&mountpoint.to_string_lossy()),
+        agent = visible(&ask.agent),
+        identity = visible(&ask.identity),
+        op = visible(&ask.op),
+        mount = visible(&mountpoint.to_string_lossy()),
         secs = timeout.as_secs(),
     );
     let mut n = Notification::new();
@@ -246,7 +247,10 @@ fn request_notification(id: u64, ask: &Ask, mountpoint: &Path, timeout: Duration
     {
         n.action(
             ACT_EXPAND,
-            &format!("Expand scope: {}", shorten(&clean(&ask.suggested_glob), 40)),
+            &format!(
+                "Expand scope: {}",
+                shorten(&visible(&ask.suggested_glob), 40)
+            ),
         );
     }
     n.action(ACT_REJECT, "Reject");
@@ -300,16 +304,16 @@ fn run_trip_notice(
     let body = format!(
         "agent {} ({}) was refused {denials} times and is stopped: its mutations fail with \
          CIRCUIT_OPEN.\nmount: {}\nApprove to let it continue, or run `intentfs reset {}`.",
-        clean(&agent),
-        clean(&identity),
-        clean(&decider.config().mountpoint.to_string_lossy()),
-        clean(&identity),
+        visible(&agent),
+        visible(&identity),
+        visible(&decider.config().mountpoint.to_string_lossy()),
+        visible(&identity),
     );
     let mut n = Notification::new();
     n.appname("intentfs")
         .summary(&format!(
             "intentfs: agent {} stopped (circuit breaker)",
-            shorten(&clean(&agent), 40)
+            shorten(&visible(&agent), 40)
         ))
         .body(&escape_markup(&body))
         .urgency(Urgency::Critical)
@@ -360,20 +364,6 @@ fn run_trip_notice(
     }
     drop(trips);
     block_on(handle.close_async());
-}
-
-/// Agent-controlled text (file names, agent names) with control characters made visible,
-/// so a crafted name cannot fake extra lines in the prompt.
-fn clean(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| {
-            if c.is_control() {
-                c.escape_default().collect::<Vec<_>>()
-            } else {
-                vec![c]
-            }
-        })
-        .collect()
 }
 
 /// Keeps the end of a long path (the file name matters most).

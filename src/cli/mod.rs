@@ -108,23 +108,7 @@ enum Command {
 }
 
 /// Parse the command line and run the subcommand.
-/// Agent-controlled text (a file name, an agent's name) for a terminal: control characters
-/// are shown escaped (`\u{1b}`, `\n`), so a crafted name cannot move the cursor, erase a
-/// row or fake a line of the table it is printed in.
-pub(crate) fn visible(s: &str) -> String {
-    if !s.chars().any(char::is_control) {
-        return s.to_owned();
-    }
-    s.chars()
-        .flat_map(|c| {
-            if c.is_control() {
-                c.escape_default().collect::<Vec<_>>()
-            } else {
-                vec![c]
-            }
-        })
-        .collect()
-}
+pub(crate) use crate::text::visible;
 
 pub fn run() -> ExitCode {
     let cli = Cli::parse();

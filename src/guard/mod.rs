@@ -270,32 +270,21 @@ impl Guard {
         }
         // `git: read-only` in the policy: no agent writes any git directory.
         if rules.policy.git_read_only() && crate::policy::git::in_git_dir(rel) {
-            return Err(Denial::new(
-                Code::ProtectedPath,
+            return Err(protected(
                 op,
                 rel,
                 intent,
                 format!("{} is inside git's internals, which this workspace's policy keeps read-only (`git: read-only`)", show(rel)),
-                "Read with git as you like (log, diff, status, blame); leave committing to the human, or ask them to set `git: writable`."
-                    .into(),
-            )
-            .with_rule(Some("policy git: read-only".into())));
+                "Read with git as you like (log, diff, status, blame); leave committing to the human, or ask them to set `git: writable`.",
+                "policy git: read-only".into(),
+            ));
         }
         // A ref written in place (or made, linked, truncated) would move a branch to any
         // commit, one that changes files outside the scope included, without the check a
         // ref move gets (`fs::gitrefs`) and without its REF entry. Git itself writes a
         // `.lock` file and renames it into place, which is checked; deleting a ref is too.
         if !is_dir
-            && matches!(
-                op,
-                Operation::Write
-                    | Operation::OpenWrite
-                    | Operation::Create
-                    | Operation::Truncate
-                    | Operation::Link
-                    | Operation::Symlink
-                    | Operation::Mknod
-            )
+            && (writes_in_place(op) || op == Operation::Link)
             && crate::policy::git::is_ref_file(rel)
         {
             return Err(ref_write_denial(op, rel, intent));
@@ -303,20 +292,8 @@ impl Guard {
         // A loose object is written under a temporary name and linked or renamed into
         // place, where its content is checked (`fs::gitrefs::check_loose_object`); never
         // written in place.
-        if !is_dir
-            && matches!(
-                op,
-                Operation::Write
-                    | Operation::OpenWrite
-                    | Operation::Create
-                    | Operation::Truncate
-                    | Operation::Symlink
-                    | Operation::Mknod
-            )
-            && crate::policy::git::loose_object_id(rel).is_some()
-        {
-            return Err(Denial::new(
-                Code::ProtectedPath,
+        if !is_dir && writes_in_place(op) && crate::policy::git::loose_object_id(rel).is_some() {
+            return Err(protected(
                 op,
                 rel,
                 intent,
@@ -324,11 +301,9 @@ impl Guard {
                     "{} is a git object: it is never changed, and made only by git",
                     show(rel)
                 ),
-                "Let git write its objects (`git hash-object -w`, `git add`, `git commit`).".into(),
-            )
-            .with_rule(Some(
+                "Let git write its objects (`git hash-object -w`, `git add`, `git commit`).",
                 "git: a loose object holds the object its name says".into(),
-            )));
+            ));
         }
         if rel.as_os_str().is_empty() {
             return Err(Denial::new(
@@ -467,11 +442,35 @@ impl Guard {
     }
 }
 
+/// A `PROTECTED_PATH` refusal quoting `rule`.
+fn protected(
+    op: Operation,
+    rel: &Path,
+    intent: Option<&str>,
+    message: String,
+    remedy: &str,
+    rule: String,
+) -> Denial {
+    Denial::new(Code::ProtectedPath, op, rel, intent, message, remedy.into()).with_rule(Some(rule))
+}
+
+/// An operation that puts content at `rel` itself (not by a rename or a link onto it).
+fn writes_in_place(op: Operation) -> bool {
+    matches!(
+        op,
+        Operation::Write
+            | Operation::OpenWrite
+            | Operation::Create
+            | Operation::Truncate
+            | Operation::Symlink
+            | Operation::Mknod
+    )
+}
+
 /// The refusal of a git ref written other than the way git writes it (see
 /// [`Guard::check_write`]; also a directory of refs moved into place).
 pub fn ref_write_denial(op: Operation, rel: &Path, intent: Option<&str>) -> Denial {
-    Denial::new(
-        Code::ProtectedPath,
+    protected(
         op,
         rel,
         intent,
@@ -480,10 +479,9 @@ pub fn ref_write_denial(op: Operation, rel: &Path, intent: Option<&str>) -> Deni
             show(rel)
         ),
         "Use git to move refs (`git commit`, `git branch`, `git update-ref`, `git reset`); do not write ref files \
-         or packed-refs directly."
-            .into(),
+         or packed-refs directly.",
+        "git: refs are written through their lock file".into(),
     )
-    .with_rule(Some("git: refs are written through their lock file".into()))
 }
 
 #[cfg(test)]
