@@ -2,6 +2,8 @@
 //!
 //! Layers, from the bottom up (a module never knows about the layers above it):
 //! - [`stat`]: the kernel's `stat`, shared by `fs` and `control`.
+//! - [`text`]: text an agent controls made safe to show a person (control characters
+//!   escaped), for the desktop prompts and the command line.
 //! - [`policy`]: pure YAML -> compiled policy (globset); decisions quote the rule that decided.
 //! - [`approval`]: the human-approval broker and its channels (desktop, CLI socket).
 //! - [`ledger`]: the append-only, hash-chained audit ledger (writer thread, reader, verify).

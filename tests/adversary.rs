@@ -1274,9 +1274,7 @@ fn a_rebase_todo_cannot_be_planted_by_a_rename_a_link_or_a_symlink() {
         .into_iter()
         .filter(|e| {
             e["code"] == "PROTECTED_PATH"
-                && e["path"].as_str().is_some_and(|p| {
-                    p.contains("rebase-merge") || p == ".git/other" || p == ".git/rm2"
-                })
+                && e["path"].as_str().is_some_and(|p| p.starts_with(".git/"))
         })
         .count();
     assert!(denials >= 6, "{denials} denials on record\n{ctx}");
@@ -1436,6 +1434,90 @@ except OSError as e:
         .filter(|e| e["mutation_type"] == "DENIAL")
         .count();
     assert!(denied >= 11, "{denied} denials on record\n{ctx}");
+}
+
+/// The third attack pass's routes around the state-file checks: an id abbreviated to 5
+/// digits; the id of a commit made only after it was named; a tag peeling to the commit;
+/// a remote-tracking name; a symbolic ref to a remote-tracking ref; a packed-refs line
+/// with a tab; `update-refs`, `squash-onto` and `head` (files not checked before); an
+/// autostash given as a name; the stash's reflog rewritten; a fan-out directory of objects
+/// replaced by a symlink. Each is refused, and the human's git writes nothing of it.
+#[test]
+fn git_state_files_name_commits_only_as_git_writes_them() {
+    let Some(l) = layout() else { return };
+    let _m = l.mount_env(MOUNT, &[]);
+    let git = |args: &str| git_in(&l, args);
+    let branch = git("symbolic-ref --short HEAD").trim().to_string();
+    let script = format!(
+        r#"{commit}
+        export GIT_AUTHOR_DATE='2020-01-01T00:00:00Z' GIT_COMMITTER_DATE='2020-01-01T00:00:00Z'
+        mkdir -p /tmp/intentfs-atk3.$$ && cp -r .git/objects /tmp/intentfs-atk3.$$/o
+        LATE=$(GIT_OBJECT_DIRECTORY=/tmp/intentfs-atk3.$$/o git commit-tree $T -p HEAD -m late)
+        S5=$(echo $C | cut -c1-5)
+        TAG=$(printf 'object %s\ntype commit\ntag t\ntagger a <a@e> 0 +0000\n\nt\n' $C | git mktag)
+        git update-ref refs/remotes/x/evil $C
+        echo 'export const w = 1;' >> src/auth/session.ts && git commit -qam two
+        GIT_SEQUENCE_EDITOR='sed -i 1ibreak' git rebase -i HEAD~1 >/dev/null 2>&1; echo paused=$?
+        D=.git/rebase-merge
+        printf 'pick %s x\n' $S5 >> $D/git-rebase-todo; echo abbrev=$?
+        printf 'pick %s x\n' $LATE >> $D/git-rebase-todo; echo late=$?
+        GIT_OBJECT_DIRECTORY=.git/objects git commit-tree $T -p HEAD -m late >/dev/null
+        printf 'pick %s x\n' $TAG >> $D/git-rebase-todo; echo tag=$?
+        printf 'pick x/evil\n' >> $D/git-rebase-todo; echo name=$?
+        printf 'refs/heads/{branch}\n%s\n%s\n' $(git rev-parse HEAD) $C > $D/update-refs; echo update_refs=$?
+        echo $C > $D/squash-onto; echo squash_onto=$?
+        echo $C > $D/head; echo head=$?
+        echo x/evil > $D/autostash; echo autostash_name=$?
+        echo 'ref: refs/remotes/x/evil' > .git/MERGE_AUTOSTASH; echo merge_autostash_ref=$?
+        echo 'ref: refs/remotes/x/evil' > .git/refs/heads/{branch}.lock && mv .git/refs/heads/{branch}.lock .git/refs/heads/{branch}; echo symref=$?
+        rm -f .git/refs/heads/{branch}.lock
+        git pack-refs --all; printf '%s\trefs/heads/p\n' $C >> .git/pr.tmp; cat .git/packed-refs .git/pr.tmp > .git/packed-refs.lock && mv .git/packed-refs.lock .git/packed-refs; echo packed_tab=$?
+        rm -f .git/packed-refs.lock
+        git stash list >/dev/null; Z=0000000000000000000000000000000000000000
+        mkdir -p .git/logs/refs; printf '%s %s a <a@e> 0 +0000\tWIP\n' $Z $C >> .git/logs/refs/stash; echo stash_log=$?
+        K=$(git rev-parse HEAD:README.md); F=$(echo $K | cut -c1-2)
+        mkdir .git/evd && cp .git/objects/$F/* .git/evd/ && mv .git/objects/$F .git/objects/x$F && ln -s ../evd .git/objects/$F; echo fanout=$?
+        "#,
+        commit = OUT_OF_SCOPE_COMMIT,
+    );
+    let (_, m, ctx) = evil(&l, &script);
+    assert_eq!(m["paused"], "0", "{ctx}");
+    for k in [
+        "abbrev",
+        "late",
+        "tag",
+        "name",
+        "update_refs",
+        "squash_onto",
+        "head",
+        "autostash_name",
+        "merge_autostash_ref",
+        "symref",
+        "packed_tab",
+        "stash_log",
+        "fanout",
+    ] {
+        assert_ne!(
+            m.get(k).map(String::as_str),
+            Some("0"),
+            "{k} was allowed\n{ctx}"
+        );
+    }
+    for cmd in [
+        "rebase --continue",
+        "rebase --abort",
+        "merge --abort",
+        "reset -q --hard",
+        "stash pop",
+        "stash pop",
+        "checkout -q p",
+    ] {
+        let _ = sh_in(
+            &l.ws,
+            &format!("git -c safe.directory='*' {cmd} >/dev/null 2>&1"),
+        );
+        assert!(!l.ws.join("src/other/o.ts").exists(), "after {cmd}\n{ctx}");
+    }
 }
 
 /// Git does not check a blob's hash when it checks the blob out: other content put under

@@ -98,11 +98,19 @@ pub enum RefTarget {
 
 /// The refs of a `packed-refs` text: name -> object id (peeled `^` lines skipped).
 pub fn parse_packed(text: &str) -> BTreeMap<String, String> {
+    // As git reads a line: the id, one whitespace character of any kind (a tab too), the
+    // name to the end of the line.
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.starts_with('^'))
-        .filter_map(|l| l.split_once(' '))
-        .filter(|(oid, _)| is_oid(oid))
-        .map(|(oid, name)| (name.trim().to_string(), oid.to_string()))
+        .filter_map(|l| {
+            let hex = l.bytes().take_while(u8::is_ascii_hexdigit).count();
+            let sep = l[hex..]
+                .chars()
+                .next()
+                .filter(|c| c.is_ascii_whitespace())?;
+            let name = &l[hex + sep.len_utf8()..];
+            is_oid(&l[..hex]).then(|| (name.trim().to_string(), l[..hex].to_ascii_lowercase()))
+        })
         .collect()
 }
 
@@ -193,7 +201,21 @@ impl Fs {
         }
         let new = match ref_target(new) {
             Some(RefTarget::Oid(o)) => o,
-            Some(RefTarget::Symbolic(_)) => return Ok(0),
+            // A symbolic ref follows its target wherever it moves: only to a local branch
+            // (whose every move is checked), as git's HEAD does.
+            Some(RefTarget::Symbolic(to)) if to.starts_with("refs/heads/") => return Ok(0),
+            Some(RefTarget::Symbolic(to)) => {
+                let d = Denial::new(
+                    Code::ProtectedPath,
+                    Operation::Ref,
+                    rel,
+                    ident.intent().as_deref(),
+                    format!("{refname} would follow {to}: a symbolic ref points only at a local branch (refs/heads/…), whose moves are checked"),
+                    "Point HEAD at a branch (`git switch NAME`); do not make symbolic refs to remote-tracking or other refs.".into(),
+                )
+                .with_rule(Some("git: a symbolic ref points at a local branch".into()));
+                return Err(self.gate.deny(ident, caller, d));
+            }
             None => {
                 let d = Denial::new(
                     Code::ProtectedPath,
@@ -337,8 +359,26 @@ pub fn is_rebase_todo(rel: &Path) -> bool {
 /// which the human's git would then write. So what such a file names is checked like a
 /// ref move (see [`Fs::check_named_commits`]).
 pub fn is_commit_list(rel: &Path) -> bool {
+    commit_list_kind(rel).is_some()
+}
+
+/// How a git state file names commits (see [`is_commit_list`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListKind {
+    /// A todo list: `pick <id>`, `fixup -C <id>`, `reset <label>`, `merge -C <id> <label>`.
+    Todo,
+    /// One object id a line (`MERGE_HEAD` may hold several).
+    Ids,
+    /// `rebase-merge/update-refs`: a ref, its old and its new id, line after line.
+    UpdateRefs,
+    /// A reflog (`logs/refs/stash`): `<old> <new> <who> <when>\t<message>` lines.
+    Reflog,
+}
+
+/// What kind of commit-naming state file `rel` is, if it is one.
+pub fn commit_list_kind(rel: &Path) -> Option<ListKind> {
     if !crate::policy::git::in_git_dir(rel) {
-        return false;
+        return None;
     }
     let name = rel.file_name().and_then(|n| n.to_str()).unwrap_or("");
     let parent = rel
@@ -346,25 +386,173 @@ pub fn is_commit_list(rel: &Path) -> bool {
         .and_then(|p| p.file_name())
         .and_then(|n| n.to_str())
         .unwrap_or("");
-    is_rebase_todo(rel)
-        || (matches!(parent, "rebase-merge" | "rebase-apply")
-            && matches!(
-                name,
-                "autostash" | "orig-head" | "onto" | "stopped-sha" | "amend" | "done"
-            ))
-        || (parent == "sequencer" && matches!(name, "todo" | "done" | "head" | "abort-safety"))
-        || (parent == ".git"
-            && matches!(
-                name,
-                "MERGE_HEAD"
-                    | "CHERRY_PICK_HEAD"
-                    | "REVERT_HEAD"
-                    | "ORIG_HEAD"
-                    | "MERGE_AUTOSTASH"
-                    | "AUTO_MERGE"
-                    | "REBASE_HEAD"
-                    | "BISECT_HEAD"
-            ))
+    let state = matches!(parent, "rebase-merge" | "rebase-apply");
+    if is_rebase_todo(rel) || (state && name == "done") {
+        return Some(ListKind::Todo);
+    }
+    if parent == "sequencer" && matches!(name, "todo" | "done") {
+        return Some(ListKind::Todo);
+    }
+    if state && name == "update-refs" {
+        return Some(ListKind::UpdateRefs);
+    }
+    if state
+        && matches!(
+            name,
+            "autostash" | "orig-head" | "head" | "onto" | "squash-onto" | "stopped-sha" | "amend"
+        )
+    {
+        return Some(ListKind::Ids);
+    }
+    if parent == "sequencer" && matches!(name, "head" | "abort-safety") {
+        return Some(ListKind::Ids);
+    }
+    if parent == ".git"
+        && matches!(
+            name,
+            "MERGE_HEAD"
+                | "CHERRY_PICK_HEAD"
+                | "REVERT_HEAD"
+                | "ORIG_HEAD"
+                | "MERGE_AUTOSTASH"
+                | "REBASE_HEAD"
+                | "BISECT_HEAD"
+        )
+    {
+        return Some(ListKind::Ids);
+    }
+    // (The stash's reflog: `git stash pop` moves `refs/stash` to the entry below the top.)
+    let p: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
+    if p.len() >= 4 && p[p.len() - 4..] == [".git", "logs", "refs", "stash"] {
+        return Some(ListKind::Reflog);
+    }
+    None
+}
+
+/// Hex digits, 4 to 64 of them (an object id, full or abbreviated, as git accepts it).
+fn hex_id(w: &str) -> bool {
+    (4..=64).contains(&w.len()) && w.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The objects a commit-naming state file names, as git reads them, or why it is not one
+/// git could have written (a name instead of an id, a line git would read differently):
+/// `Err(line)`. `complete`: the text is the whole file (else a last line without its
+/// newline may be cut short and is skipped).
+pub fn named_objects(
+    kind: ListKind,
+    text: &[u8],
+    complete: bool,
+    known_labels: &[String],
+) -> std::result::Result<Vec<String>, String> {
+    let text = String::from_utf8_lossy(text);
+    let mut lines: Vec<&str> = text.split('\n').collect();
+    // (After the last newline: nothing, or a line still being written.)
+    let last = lines.pop().unwrap_or("");
+    if complete && !last.trim().is_empty() {
+        lines.push(last);
+    }
+    let mut ids = Vec::new();
+    // Labels: `onto` and the new root, those made by the list itself and by the part of
+    // the rebase already done (`known_labels`); git finds them as `refs/rewritten/<label>`.
+    let mut labels: Vec<&str> = vec!["onto", "[new root]"];
+    labels.extend(known_labels.iter().map(String::as_str));
+    let full = |w: &str| matches!(w.len(), 40 | 64) && w.bytes().all(|b| b.is_ascii_hexdigit());
+    match kind {
+        ListKind::Todo => {
+            // Labels the list makes itself may be reset to or merged.
+            for l in &lines {
+                let mut w = l.split_whitespace();
+                if matches!(w.next(), Some("label" | "l")) {
+                    labels.extend(w.next());
+                }
+            }
+            for l in &lines {
+                let l = l.trim();
+                if l.is_empty() || l.starts_with('#') {
+                    continue;
+                }
+                let mut w = l.split_whitespace().peekable();
+                let cmd = w.next().unwrap_or("");
+                match cmd {
+                    "pick" | "p" | "reword" | "r" | "edit" | "e" | "squash" | "s" | "fixup"
+                    | "f" | "drop" | "d" | "revert" => {
+                        // (`fixup -C <id>`, `fixup -c <id>`.)
+                        while w.peek().is_some_and(|a| a.starts_with('-')) {
+                            w.next();
+                        }
+                        let id = w.next().unwrap_or("");
+                        if !hex_id(id) {
+                            return Err(l.to_string());
+                        }
+                        ids.push(id.to_string());
+                    }
+                    "merge" | "m" => {
+                        let mut arg = w.next();
+                        if matches!(arg, Some("-C" | "-c")) {
+                            let id = w.next().unwrap_or("");
+                            if !hex_id(id) {
+                                return Err(l.to_string());
+                            }
+                            ids.push(id.to_string());
+                            arg = w.next();
+                        }
+                        // The parents: labels, or ids.
+                        for a in arg.into_iter().chain(w).take_while(|a| !a.starts_with('#')) {
+                            if !labels.contains(&a) {
+                                if !hex_id(a) {
+                                    return Err(l.to_string());
+                                }
+                                ids.push(a.to_string());
+                            }
+                        }
+                    }
+                    "reset" | "t" => {
+                        let a = l[cmd.len()..].split('#').next().unwrap_or("").trim();
+                        if !labels.contains(&a) {
+                            if !hex_id(a) {
+                                return Err(l.to_string());
+                            }
+                            ids.push(a.to_string());
+                        }
+                    }
+                    "label" | "l" | "break" | "b" | "noop" | "update-ref" | "u" => {}
+                    // (`exec` is refused on its own; any other word git rejects.)
+                    _ => {}
+                }
+            }
+        }
+        ListKind::Ids => {
+            for l in lines.iter().map(|l| l.trim()).filter(|l| !l.is_empty()) {
+                if !full(l) {
+                    return Err(l.to_string());
+                }
+                ids.push(l.to_string());
+            }
+        }
+        ListKind::UpdateRefs => {
+            for l in lines.iter().map(|l| l.trim()).filter(|l| !l.is_empty()) {
+                if full(l) {
+                    ids.push(l.to_string());
+                } else if !l.starts_with("refs/") {
+                    return Err(l.to_string());
+                }
+            }
+        }
+        ListKind::Reflog => {
+            for l in lines.iter().filter(|l| !l.trim().is_empty()) {
+                let mut w = l.split(' ');
+                let (old, new) = (w.next().unwrap_or(""), w.next().unwrap_or(""));
+                if !full(old) || !full(new) {
+                    return Err(l.to_string());
+                }
+                ids.push(new.to_string());
+            }
+        }
+    }
+    ids.retain(|i| i.bytes().any(|b| b != b'0'));
+    ids.sort();
+    ids.dedup();
+    Ok(ids)
 }
 
 /// Does `file` hold the loose object `oid`: zlib data of `<type> <size>\0<content>` whose
@@ -397,24 +585,6 @@ pub fn loose_object_matches(file: &std::fs::File, oid: &str) -> bool {
         hex::encode(s2.finalize())
     };
     got == oid
-}
-
-/// Words of `text` that may name an object (7 to 64 hex digits).
-fn oid_words(text: &[u8]) -> Vec<String> {
-    let mut out: Vec<String> = String::from_utf8_lossy(text)
-        .split(|c: char| c.is_whitespace() || c == ':' || c == '^' || c == '~')
-        .filter(|w| (7..=64).contains(&w.len()) && w.bytes().all(|b| b.is_ascii_hexdigit()))
-        .map(str::to_ascii_lowercase)
-        .collect();
-    out.sort();
-    out.dedup();
-    out
-}
-
-/// Is `rel` a git directory's `rebase-merge` (where git reads the todo list from)? A
-/// symlink of that name would make git read a todo list the checks never see.
-pub fn is_rebase_dir(rel: &Path) -> bool {
-    crate::policy::git::in_git_dir(rel) && rel.file_name().is_some_and(|n| n == "rebase-merge")
 }
 
 /// Names that complete a bare repository's layout (`HEAD`, `objects/`, `refs/`): with all
@@ -558,10 +728,7 @@ impl Fs {
                 .unwrap_or_default(),
             _ => return Err(self.todo_denial(ident, caller, rel)),
         };
-        if is_rebase_todo(rel) && todo_runs_commands(&text) {
-            return Err(self.todo_denial(ident, caller, rel));
-        }
-        self.check_named_commits(ident, caller, rel, &text)
+        self.check_state_file(ident, caller, rel, &text, true)
     }
 
     /// The refusal of a file still open for writing that would become a ref, a git state
@@ -621,33 +788,77 @@ impl Fs {
     }
 
     /// Refuse a git state file (see [`is_commit_list`]) whose content names a commit that
-    /// brings changes outside `ident`'s scope (what a ref moved to it would be refused for).
+    /// brings changes outside `ident`'s scope (what a ref moved to it would be refused for),
+    /// or names one otherwise than git writes it (a branch or remote name, which could be
+    /// moved after this check), or an object that does not exist yet (made after the
+    /// check), or one that is not a commit once peeled (a tag is peeled to its commit).
+    /// `complete`: `text` is the whole file (see [`named_objects`]).
     pub(crate) fn check_named_commits(
         &self,
         ident: &Identity,
         caller: &Caller,
         rel: &Path,
         text: &[u8],
+        complete: bool,
     ) -> Result<()> {
-        let Some(gitdir) = self.root_gitdir(rel) else {
+        let (Some(gitdir), Some(kind)) = (self.root_gitdir(rel), commit_list_kind(rel)) else {
             return Ok(());
         };
-        let words = oid_words(text);
-        if words.is_empty() {
+        let refuse = |why: String| {
+            let d = Denial::new(
+                Code::ProtectedPath,
+                Operation::Write,
+                rel,
+                ident.intent().as_deref(),
+                format!("{}: {why}", rel.display()),
+                "Let git write its own state (rebase, merge, cherry-pick, stash); name commits by their ids.".into(),
+            )
+            .with_rule(Some("git: state files name existing commits by id".into()));
+            self.gate.deny(ident, caller, d)
+        };
+        // (The labels the rebase's finished steps made: a `reset` or `merge` still to come
+        // may name them.)
+        let done = rel.parent().map(|p| p.join("done"));
+        let known: Vec<String> = done
+            .filter(|d| kind == ListKind::Todo && d.as_path() != rel)
+            .and_then(|d| std::fs::read(self.cfg.workspace.join(d)).ok())
+            .map(|t| {
+                String::from_utf8_lossy(&t)
+                    .lines()
+                    .filter_map(|l| {
+                        let mut w = l.split_whitespace();
+                        matches!(w.next(), Some("label" | "l")).then(|| w.next())?
+                    })
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let ids = named_objects(kind, text, complete, &known)
+            .map_err(|l| refuse(format!("{l:?} is not how git names a commit there")))?;
+        if ids.is_empty() {
             return Ok(());
         }
-        // Which words are commits (abbreviated ids resolved); one git for all of them.
+        // Each id peeled to its commit (abbreviated ids resolved); one git for all.
+        let query: String = ids.iter().map(|i| format!("{i}^{{commit}}\n")).collect();
         let Some(found) = git_with(
             &gitdir,
             &["cat-file", "--batch-check=%(objectname) %(objecttype)"],
-            Some(&(words.join("\n") + "\n")),
+            Some(&query),
         ) else {
-            return Ok(());
+            return Err(refuse("git could not read the commits it names".into()));
         };
         let what = format!("{} would have git apply", rel.display());
-        for line in found.lines() {
-            if let Some((oid, "commit")) = line.split_once(' ') {
-                self.check_new_commits(ident, caller, rel, &what, oid)?;
+        let answers: Vec<&str> = found.lines().collect();
+        for (id, a) in ids.iter().zip(answers.iter().chain(std::iter::repeat(&""))) {
+            match a.split_once(' ') {
+                Some((oid, "commit")) if is_oid(oid) => {
+                    self.check_new_commits(ident, caller, rel, &what, oid)?;
+                }
+                _ => {
+                    return Err(refuse(format!(
+                        "{id} is not a commit in this repository (yet)"
+                    )))
+                }
             }
         }
         Ok(())
@@ -661,17 +872,58 @@ impl Fs {
         offset: u64,
         data: &[u8],
     ) -> Result<()> {
-        let mut text = super::hash::read_small(&h.file, 16 << 20).unwrap_or_default();
+        let mut text = self.state_text(h);
         let end = offset as usize + data.len();
         if text.len() < end {
             text.resize(end, b' ');
         }
         text[offset as usize..end].copy_from_slice(data);
         let rel = self.display_rel(&h.node);
-        if todo_runs_commands(&text) && is_rebase_todo(&rel) {
-            return Err(self.todo_denial(&h.identity, &h.caller, &rel));
+        self.check_state_file(&h.identity, &h.caller, &rel, &text, false)
+    }
+
+    /// At the close of a handle of a git state file: the whole of what it leaves (its writes
+    /// were checked as they came, but a last line without its newline, or an object named
+    /// before it existed, is judged only now). Refused, the file is emptied: an empty state
+    /// file is inert (git stops and says so).
+    pub(crate) fn check_todo_close(&self, h: &super::FileHandle) -> Result<()> {
+        let rel = self.display_rel(&h.node);
+        let text = self.state_text(h);
+        let r = self.check_state_file(&h.identity, &h.caller, &rel, &text, true);
+        if r.is_err() {
+            if let Err(e) = h.file.set_len(0) {
+                tracing::warn!(path = %rel.display(), "emptying a refused git state file: {e}");
+            }
         }
-        self.check_named_commits(&h.identity, &h.caller, &rel, &text)
+        r
+    }
+
+    /// A git state file's content now (read through a descriptor of its own: the handle
+    /// may be write-only).
+    fn state_text(&self, h: &super::FileHandle) -> Vec<u8> {
+        self.fd(&h.node)
+            .ok()
+            .and_then(|fd| {
+                use std::os::fd::AsFd;
+                super::sys::reopen_quiet(self.proc_fd.as_fd(), fd.as_fd()).ok()
+            })
+            .and_then(|f| super::hash::read_small(&f, 16 << 20))
+            .unwrap_or_default()
+    }
+
+    /// A todo list that runs commands, or a state file naming commits it may not.
+    fn check_state_file(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        rel: &Path,
+        text: &[u8],
+        complete: bool,
+    ) -> Result<()> {
+        if is_rebase_todo(rel) && todo_runs_commands(text) {
+            return Err(self.todo_denial(ident, caller, rel));
+        }
+        self.check_named_commits(ident, caller, rel, text, complete)
     }
 }
 
@@ -711,6 +963,88 @@ mod tests {
         assert_eq!(ref_target(&format!("{oid}x")), None);
         assert_eq!(ref_target(&format!("{oid}0")), None);
         assert_eq!(ref_target(""), None);
+    }
+
+    #[test]
+    fn a_packed_ref_is_read_as_git_reads_it() {
+        let t = format!(
+            "# pack-refs\n{}\trefs/heads/main\n{} refs/heads/b\n",
+            "a".repeat(40),
+            "b".repeat(40)
+        );
+        let p = parse_packed(&t);
+        assert_eq!(p.get("refs/heads/main"), Some(&"a".repeat(40)));
+        assert_eq!(p.get("refs/heads/b"), Some(&"b".repeat(40)));
+    }
+
+    #[test]
+    fn state_files_name_commits_by_id_as_git_writes_them() {
+        let id = "0123456789abcdef0123456789abcdef01234567";
+        let todo = format!(
+            "pick 01234 one\nfixup -C {id} two\nlabel onto\nlabel x\nreset onto\nmerge -C abcd x # m\n\
+             reset [new root]\n# pick ffff comment\nbreak\nupdate-ref refs/heads/f\n"
+        );
+        assert_eq!(
+            named_objects(ListKind::Todo, todo.as_bytes(), true, &[]),
+            Ok(vec![
+                "01234".to_string(),
+                id.to_string(),
+                "abcd".to_string()
+            ])
+        );
+        // A name git would resolve later, wherever it then points: refused.
+        for bad in [
+            "pick x/evil one\n",
+            "pick HEAD@{1}\n",
+            "reset origin/main\n",
+            "merge -C abcd origin/x\n",
+        ] {
+            assert!(
+                named_objects(ListKind::Todo, bad.as_bytes(), true, &[]).is_err(),
+                "{bad}"
+            );
+        }
+        // A last line still being written is left for the whole-file check.
+        assert_eq!(
+            named_objects(ListKind::Todo, b"pick 0123 a\npick x/ev", false, &[]),
+            Ok(vec!["0123".into()])
+        );
+        assert!(named_objects(ListKind::Todo, b"pick 0123 a\npick x/ev", true, &[]).is_err());
+        // One full id a line; a name, `ref:` or an abbreviation is not what git writes.
+        assert_eq!(
+            named_objects(ListKind::Ids, format!("{id}\n").as_bytes(), true, &[]),
+            Ok(vec![id.to_string()])
+        );
+        for bad in ["x/s\n", "ref: refs/remotes/x/s\n", "01234\n"] {
+            assert!(
+                named_objects(ListKind::Ids, bad.as_bytes(), true, &[]).is_err(),
+                "{bad}"
+            );
+        }
+        let z = "0".repeat(40);
+        let u = format!("refs/heads/f\n{z}\n{id}\n");
+        assert_eq!(
+            named_objects(ListKind::UpdateRefs, u.as_bytes(), true, &[]),
+            Ok(vec![id.to_string()])
+        );
+        let r = format!("{z} {id} A <a@b> 1 +0000\tWIP\n");
+        assert_eq!(
+            named_objects(ListKind::Reflog, r.as_bytes(), true, &[]),
+            Ok(vec![id.to_string()])
+        );
+        assert_eq!(
+            commit_list_kind(Path::new(".git/logs/refs/stash")),
+            Some(ListKind::Reflog)
+        );
+        assert_eq!(
+            commit_list_kind(Path::new(".git/rebase-merge/update-refs")),
+            Some(ListKind::UpdateRefs)
+        );
+        assert_eq!(
+            commit_list_kind(Path::new(".git/rebase-merge/squash-onto")),
+            Some(ListKind::Ids)
+        );
+        assert_eq!(commit_list_kind(Path::new("src/rebase-merge/onto")), None);
     }
 
     #[test]

@@ -292,6 +292,21 @@ impl Guard {
         // A loose object is written under a temporary name and linked or renamed into
         // place, where its content is checked (`fs::gitrefs::check_loose_object`); never
         // written in place.
+        // Git makes no symlink in its own directory; one there (a fan-out directory of
+        // objects, a state file) would have git read what no check saw.
+        if op == Operation::Symlink && crate::policy::git::in_git_dir(rel) {
+            return Err(protected(
+                op,
+                rel,
+                intent,
+                format!(
+                    "{} is inside git's internals, where git makes no symlinks",
+                    show(rel)
+                ),
+                "Leave git's directory to git.",
+                "git: no symlinks in a git directory".into(),
+            ));
+        }
         if !is_dir && writes_in_place(op) && crate::policy::git::loose_object_id(rel).is_some() {
             return Err(protected(
                 op,

@@ -460,6 +460,9 @@ impl Fs {
             return Ok(());
         }
         let h = self.file_handle(fh)?;
+        if h.is_todo() {
+            self.check_todo_close(&h)?;
+        }
         // A process of the handle's identity closing a descriptor of a passthrough handle
         // had it (inherited): one of the handle's processes, where a mapping of the file
         // may live on after its opener exited (see `release`). (Not one of another

@@ -142,7 +142,7 @@ impl Fs {
                         let f = sys::open_read_at(dfd.as_fd(), name).ok();
                         self.check_loose_object(ident, caller, f.as_ref(), &n)?;
                     }
-                    if e.kind == libc::DT_LNK && crate::fs::gitrefs::is_rebase_dir(&n) {
+                    if e.kind == libc::DT_LNK && crate::policy::git::in_git_dir(&n) {
                         return Err(self.todo_denial(ident, caller, &n));
                     }
                 }
@@ -360,8 +360,9 @@ impl Fs {
                 self.check_loose_object(&ident, caller, f.as_ref(), &r.to)?;
             }
             self.check_todo_entry(&ident, caller, r.pfd.as_fd(), r.name, &r.to)?;
-            // (A symlink named `rebase-merge` would have git read its todo list elsewhere.)
-            if crate::fs::gitrefs::is_rebase_dir(&r.to)
+            // (Git makes no symlink in its directory: one renamed there — a fan-out directory
+            // of objects, `rebase-merge` — would have git read what no check saw.)
+            if crate::policy::git::in_git_dir(&r.to)
                 && r.src.st_mode & libc::S_IFMT == libc::S_IFLNK
             {
                 return Err(self.todo_denial(&ident, caller, &r.to));
