@@ -23,6 +23,13 @@
 use std::path::{Component, Path};
 
 /// The components of `rel` as strings (lossy: a non-UTF-8 name matches no rule).
+/// Whether `.git` occurs in `rel` at all: the checks below are on every change's path, and
+/// most paths have no `.git` in them (a cheap look before splitting the path).
+fn mentions_git(rel: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    memchr::memmem::find(rel.as_os_str().as_bytes(), b".git").is_some()
+}
+
 fn parts(rel: &Path) -> Vec<std::borrow::Cow<'_, str>> {
     rel.components()
         .filter_map(|c| match c {
@@ -35,6 +42,9 @@ fn parts(rel: &Path) -> Vec<std::borrow::Cow<'_, str>> {
 /// Is `rel` inside a git directory (below a `.git` component)? Such paths are git's
 /// internals: not ledgered file by file and not stale-checked.
 pub fn in_git_dir(rel: &Path) -> bool {
+    if !mentions_git(rel) {
+        return false;
+    }
     let p = parts(rel);
     p.iter().rev().skip(1).any(|c| c == ".git")
 }
@@ -43,6 +53,9 @@ pub fn in_git_dir(rel: &Path) -> bool {
 /// configuration (see the module doc), quoted as a rule; `None` when it would not.
 /// `is_dir`: the entry is (or is made as) a directory.
 pub fn exec_rule(rel: &Path, is_dir: bool) -> Option<String> {
+    if !mentions_git(rel) {
+        return None;
+    }
     let p = parts(rel);
     let last = p.len().checked_sub(1)?;
     for (i, c) in p.iter().enumerate() {
@@ -122,6 +135,9 @@ fn exec_entry(r: &[std::borrow::Cow<'_, str>]) -> Option<&'static str> {
 /// The ref a path inside a git directory names, when it is one git moves as work is
 /// recorded: `HEAD` or `refs/…` (lock files are not refs).
 pub fn ref_name(rel: &Path) -> Option<String> {
+    if !mentions_git(rel) {
+        return None;
+    }
     let p = parts(rel);
     let i = p.iter().position(|c| c == ".git")?;
     let r = &p[i + 1..];
@@ -158,6 +174,9 @@ pub fn loose_object_id(rel: &Path) -> Option<String> {
 /// Is `rel` a ref file of a repository: a loose ref (`HEAD`, `refs/...`) or `packed-refs`
 /// (not their `.lock` files)? Git writes these only through a lock file renamed into place.
 pub fn is_ref_file(rel: &Path) -> bool {
+    if !mentions_git(rel) {
+        return false;
+    }
     if ref_name(rel).is_some() {
         return true;
     }
