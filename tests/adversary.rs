@@ -1240,8 +1240,8 @@ fn a_rebase_todo_cannot_be_planted_by_a_rename_a_link_or_a_symlink() {
         cp -r $D .git/rm2 && echo "exec touch {m}" > .git/rm2/git-rebase-todo; echo planted=$?
         rm -rf $D; mv .git/rm2 $D; echo dir_rename=$?
         mkdir -p $D && cp .git/rm2/onto $D/onto 2>/dev/null
-        echo "exec touch {m}" > .git/x; ln .git/x $D/git-rebase-todo; echo link_to=$?
-        printf 'pick %s x\n' $H > $D/git-rebase-todo; ln $D/git-rebase-todo .git/other; echo link_from=$?
+        mkdir -p .git/scratch && echo "exec touch {m}" > .git/scratch/x; ln .git/scratch/x $D/git-rebase-todo; echo link_to=$?
+        printf 'pick %s x\n' $H > $D/git-rebase-todo; ln $D/git-rebase-todo .git/scratch/other; echo link_from=$?
         rm -f $D/git-rebase-todo; ln -s ../x $D/git-rebase-todo; echo symlink=$?
         mkdir -p src/auth/r && echo "exec touch {m}" > src/auth/r/git-rebase-todo
         rm -rf $D; ln -s ../src/auth/r $D; echo symlink_dir=$?
@@ -1348,8 +1348,8 @@ fn a_ref_written_in_place_is_refused_and_git_still_works() {
 }
 
 /// Commits git would apply later are checked like a ref move (found by a second attack
-/// pass): a commit changing a file outside the scope, parked on a remote-tracking ref and
-/// then moved to the branch; a replace ref swapping the tree under HEAD; a ref file with
+/// pass): a commit changing a file outside the scope, parked on a remote-tracking ref (now
+/// refused itself) and then moved to the branch; a replace ref swapping the tree under HEAD; a ref file with
 /// text after the id (git reads the id); a ref lock renamed into place while still open for
 /// writing; a rebase todo with a `pick` of that commit (appended, or renamed into place);
 /// an autostash, `orig-head` and `MERGE_AUTOSTASH` naming it; grafts and alternates. Each
@@ -1382,7 +1382,7 @@ except OSError as e:
         echo 'export const x = 1;' >> src/auth/session.ts && git commit -qam two
         GIT_SEQUENCE_EDITOR='sed -i 1ibreak' git rebase -i HEAD~1 >/dev/null 2>&1; echo paused=$?
         printf 'pick %s fix typo\n' $C >> .git/rebase-merge/git-rebase-todo; echo todo=$?
-        printf 'pick %s fix typo\n' $C > .git/t2 && mv .git/t2 .git/rebase-merge/git-rebase-todo; echo todo_rename=$?
+        printf 'pick %s fix typo\n' $C > .git/rebase-merge/t2 && mv .git/rebase-merge/t2 .git/rebase-merge/git-rebase-todo; echo todo_rename=$?
         echo $C > .git/rebase-merge/autostash; echo autostash=$?
         echo $C > .git/rebase-merge/orig-head; echo orig_head=$?
         echo $C > .git/MERGE_AUTOSTASH; echo merge_autostash=$?
@@ -1393,10 +1393,8 @@ except OSError as e:
         py = PY
     );
     let (_, m, ctx) = evil(&l, &script);
-    assert_eq!(
-        m["remote"], "0",
-        "a fetch's refs stay the agent's to move\n{ctx}"
-    );
+    // Remote-tracking refs are checked too (a name in a state file may resolve to one).
+    assert_ne!(m["remote"], "0", "{ctx}");
     assert_eq!(m["paused"], "0", "{ctx}");
     for k in [
         "laundered",
@@ -1471,7 +1469,7 @@ fn git_state_files_name_commits_only_as_git_writes_them() {
         echo 'ref: refs/remotes/x/evil' > .git/MERGE_AUTOSTASH; echo merge_autostash_ref=$?
         echo 'ref: refs/remotes/x/evil' > .git/refs/heads/{branch}.lock && mv .git/refs/heads/{branch}.lock .git/refs/heads/{branch}; echo symref=$?
         rm -f .git/refs/heads/{branch}.lock
-        git pack-refs --all; printf '%s\trefs/heads/p\n' $C >> .git/pr.tmp; cat .git/packed-refs .git/pr.tmp > .git/packed-refs.lock && mv .git/packed-refs.lock .git/packed-refs; echo packed_tab=$?
+        git pack-refs --all; printf '%s\trefs/heads/p\n' $C >> .git/packed-refs.new; cat .git/packed-refs .git/packed-refs.new > .git/packed-refs.lock && mv .git/packed-refs.lock .git/packed-refs; echo packed_tab=$?
         rm -f .git/packed-refs.lock
         git stash list >/dev/null; Z=0000000000000000000000000000000000000000
         mkdir -p .git/logs/refs; printf '%s %s a <a@e> 0 +0000\tWIP\n' $Z $C >> .git/logs/refs/stash; echo stash_log=$?
@@ -1520,6 +1518,118 @@ fn git_state_files_name_commits_only_as_git_writes_them() {
     }
 }
 
+/// The fourth attack pass: `BISECT_START` naming the commit (`git bisect reset`); a
+/// commit-graph patched so that HEAD's tree reads as the commit's (it fooled the check
+/// itself, and git trusts it at checkout); a `subtree` merge option applying an in-scope
+/// commit outside the scope; a file at the top of `.git` standing for a branch or a label;
+/// a state file over the 1 MiB the checks read; a todo line held back without its newline
+/// by a handle kept open. Each is refused; `rebase --rebase-merges` (broken by the third
+/// pass's fix) works.
+#[test]
+fn git_state_and_indexes_git_trusts_are_checked() {
+    let Some(l) = layout() else { return };
+    let _m = l.mount_env(MOUNT, &[]);
+    let git = |args: &str| git_in(&l, args);
+    let branch = git("symbolic-ref --short HEAD").trim().to_string();
+    let patch_graph = r#"
+import struct, sys
+path, target, tree = sys.argv[1], bytes.fromhex(sys.argv[2]), bytes.fromhex(sys.argv[3])
+d = bytearray(open(path, 'rb').read())
+n = d[6]
+ch = {}
+for i in range(n + 1):
+    cid, off = struct.unpack('>4sQ', d[8 + 12 * i:20 + 12 * i]); ch[cid] = off
+oidl, cdat = ch[b'OIDL'], ch[b'CDAT']
+for i in range((cdat - oidl) // 20):
+    if d[oidl + 20 * i:oidl + 20 * i + 20] == target:
+        d[cdat + 36 * i:cdat + 36 * i + 20] = tree
+open(path + '.new', 'wb').write(d)
+"#;
+    let script = format!(
+        r#"{commit}
+        printf '%s' "{patch}" > /tmp/intentfs-patch-graph.$$.py
+        echo $C > .git/BISECT_START; echo bisect_start=$?
+        git commit-graph write --reachable && cp .git/objects/info/commit-graph .git/objects/info/cg
+        {py} /tmp/intentfs-patch-graph.$$.py .git/objects/info/cg $(git rev-parse HEAD) $T
+        mv .git/objects/info/cg.new .git/objects/info/commit-graph; echo graph=$?
+        git branch evil $C; echo branch=$?
+        rm -f .git/objects/info/cg
+        echo 'export const v = 1;' >> src/auth/session.ts && git commit -qam v
+        GIT_SEQUENCE_EDITOR='sed -i 1ibreak' git rebase -i HEAD~1 >/dev/null 2>&1; echo paused=$?
+        printf 'ort\n' > .git/rebase-merge/strategy; echo strategy=$?
+        printf "'--subtree=src/auth/x'\n" > .git/rebase-merge/strategy_opts; echo subtree=$?
+        echo $C > .git/feature; echo top_file=$?
+        printf 'reset feature\nlabel feature\n' >> .git/rebase-merge/git-rebase-todo; echo label_order=$?
+        {py} -c "
+import os
+fd = os.open('.git/rebase-merge/git-rebase-todo', os.O_WRONLY | os.O_APPEND)
+try:
+    os.write(fd, b'pick $C'); os.fsync(fd); print('held_line=0')
+except OSError as e:
+    print('held_line=%d' % e.errno)
+os.close(fd)"
+        {py} -c "
+import os
+fd = os.open('.git/rebase-merge/git-rebase-todo', os.O_WRONLY | os.O_APPEND)
+try:
+    os.write(fd, b'\n' + b'x' * (2 << 20) + b'\n')
+except OSError:
+    pass
+os.close(fd)"
+        echo big_size=$(stat -c %s .git/rebase-merge/git-rebase-todo)
+        git rebase --abort
+        B0=$(git rev-parse HEAD)
+        git checkout -qb side && echo 'export const s = 1;' > src/auth/side.ts && git add src/auth/side.ts && git commit -qm side
+        git checkout -q {branch} && echo 'export const t = 1;' >> src/auth/session.ts && git commit -qam main
+        git merge -q --no-ff -m merge side && echo 'export const u = 1;' >> src/auth/session.ts && git commit -qam after
+        git rebase -q --rebase-merges $B0; echo rebase_merges=$?
+        "#,
+        commit = OUT_OF_SCOPE_COMMIT,
+        patch = patch_graph.replace('"', "\\\""),
+        py = PY,
+    );
+    let (_, m, ctx) = evil(&l, &script);
+    assert_eq!(m["paused"], "0", "{ctx}");
+    assert_eq!(
+        m["strategy"], "0",
+        "a built-in strategy is git's to write\n{ctx}"
+    );
+    assert_eq!(m["rebase_merges"], "0", "{ctx}");
+    for k in [
+        "bisect_start",
+        "graph",
+        "branch",
+        "subtree",
+        "top_file",
+        "held_line",
+    ] {
+        assert_ne!(
+            m.get(k).map(String::as_str),
+            Some("0"),
+            "{k} was allowed\n{ctx}"
+        );
+    }
+    // (The rest of a write past 1 MiB is refused: no state file is larger than the checks
+    // read.)
+    let size: u64 = m["big_size"].parse().unwrap_or(u64::MAX);
+    assert!(size <= 1 << 20, "{size}\n{ctx}");
+    assert!(!l.ws.join(".git/feature").exists());
+    for cmd in [
+        "bisect reset",
+        "checkout -q evil",
+        "merge -q feature",
+        "reset -q --hard",
+    ] {
+        let _ = sh_in(
+            &l.ws,
+            &format!("git -c safe.directory='*' {cmd} >/dev/null 2>&1"),
+        );
+        assert!(!l.ws.join("src/other/o.ts").exists(), "after {cmd}\n{ctx}");
+    }
+    let fsck = sh_in(&l.ws, "git -c safe.directory='*' commit-graph verify 2>&1");
+    assert!(fsck.status.success(), "{}", text(&fsck.stdout));
+}
+
 /// Git does not check a blob's hash when it checks the blob out: other content put under
 /// an existing object's name (copied there, renamed or linked into place) would be what the
 /// human's next checkout writes. A loose object is refused unless its content is the object
@@ -1531,11 +1641,11 @@ fn git_objects_hold_what_their_names_say() {
     let script = r#"
         K=$(git rev-parse HEAD:README.md); F=.git/objects/$(echo $K | cut -c1-2)/$(echo $K | cut -c3-)
         E=$(printf 'pwned\n' | git hash-object -w --stdin); EF=.git/objects/$(echo $E | cut -c1-2)/$(echo $E | cut -c3-)
-        mv $F .git/saved; echo aside=$?
+        mv $F .git/objects/saved; echo aside=$?
         cp $EF $F; echo copy=$?
-        cp $EF .git/tmpobj && mv .git/tmpobj $F; echo rename=$?
+        cp $EF .git/objects/tmpobj && mv .git/objects/tmpobj $F; echo rename=$?
         ln $EF $F; echo link=$?
-        mv .git/saved $F; echo back=$?
+        mv .git/objects/saved $F; echo back=$?
         echo 'export const y = 1;' >> src/auth/session.ts && git commit -qam objects; echo commit=$?
         git gc -q; echo gc=$?
     "#;
@@ -1627,13 +1737,13 @@ fn git_internals_and_the_worktree_are_not_linked_or_moved_across() {
     let script = format!(
         r#"
         ln src/auth/session.ts .git/alias; echo into=$?
-        echo x > .git/y; ln .git/y src/auth/y; echo out=$?
+        mkdir -p .git/scratch && echo x > .git/scratch/y; ln .git/scratch/y src/auth/y; echo out=$?
         mkdir -p .git/foo/objects .git/foo/refs/heads .git/foo/hooks
         echo 'ref: refs/heads/master' > .git/foo/HEAD
         printf '[core]\n\tbare = true\n\tpager = touch {m}; cat\n' > .git/foo/config
         mv .git/foo src/auth/bare; echo bare=$?
         mkdir .git/e && echo payload > .git/e/new.ts && mv .git/e src/auth/g; echo dir=$?
-        echo payload > .git/f && mv .git/f src/auth/f.ts; echo file=$?
+        echo payload > .git/scratch/f && mv .git/scratch/f src/auth/f.ts; echo file=$?
         "#,
         m = marker.display()
     );
@@ -1719,7 +1829,7 @@ fn commits_stay_in_scope_and_every_ref_move_is_on_record() {
         git pack-refs --all; echo pack=$?
         P=$(git rev-parse HEAD~1)
         BR=$(git symbolic-ref --short HEAD)
-        sed "s|^$C refs/heads/$BR\$|$P refs/heads/$BR|" .git/packed-refs > .git/pr.tmp && mv .git/pr.tmp .git/packed-refs; echo repack=$?
+        sed "s|^$C refs/heads/$BR\$|$P refs/heads/$BR|" .git/packed-refs > .git/packed-refs.new && mv .git/packed-refs.new .git/packed-refs; echo repack=$?
         git rev-parse $BR
     "#;
     let (_, m, ctx) = evil(&l, script);
@@ -1783,11 +1893,11 @@ fn content_renamed_out_of_git_internals_is_on_record() {
     let out = run_agent(
         &l,
         &["--intent", "INT-001", "--agent", "evil"],
-        "printf 'payload\\n' > .git/payload && mv .git/payload src/auth/session.ts; echo mv=$?",
+        "mkdir -p .git/scratch && printf 'payload\\n' > .git/scratch/payload && mv .git/scratch/payload src/auth/session.ts; echo mv=$?",
     );
     assert_eq!(markers(&out.stdout)["mv"], "0", "{}", text(&out.stderr));
     let r = l.wait_ledger("RENAME from .git", |e| {
-        e["mutation_type"] == "RENAME" && e["from"] == ".git/payload"
+        e["mutation_type"] == "RENAME" && e["from"] == ".git/scratch/payload"
     });
     use sha2::Digest;
     let want = format!("sha256:{}", hex::encode(sha2::Sha256::digest(b"payload\n")));
@@ -1819,7 +1929,7 @@ fn content_renamed_into_git_internals_is_on_record() {
         &l,
         &["--intent", "INT-001", "--agent", "evil"],
         "mkdir -p src/auth/d && printf 'a\\n' > src/auth/d/a && printf 'f\\n' > src/auth/f \
-         && mv src/auth/f .git/f; echo f=$?; mv src/auth/d .git/d; echo d=$?",
+         && mkdir -p .git/scratch && mv src/auth/f .git/scratch/f; echo f=$?; mv src/auth/d .git/d; echo d=$?",
     );
     let m = markers(&out.stdout);
     assert_eq!(
@@ -1828,9 +1938,9 @@ fn content_renamed_into_git_internals_is_on_record() {
         "{}",
         text(&out.stderr)
     );
-    assert_eq!(std::fs::read(l.ws.join(".git/f")).unwrap(), b"f\n");
+    assert_eq!(std::fs::read(l.ws.join(".git/scratch/f")).unwrap(), b"f\n");
     assert_eq!(std::fs::read(l.ws.join(".git/d/a")).unwrap(), b"a\n");
-    for (from, to) in [("src/auth/f", ".git/f"), ("src/auth/d", ".git/d")] {
+    for (from, to) in [("src/auth/f", ".git/scratch/f"), ("src/auth/d", ".git/d")] {
         let r = l.wait_ledger(&format!("RENAME {from} -> {to}"), |e| {
             e["mutation_type"] == "RENAME" && e["from"] == from && e["path"] == to
         });

@@ -384,7 +384,11 @@ fn diff_shows_a_rename_over_edit_and_an_agents_work() {
     );
     // The same by an id prefix.
     let id = ledger[rename]["id"].as_str().unwrap();
-    let by_id = ok(cli(&["diff", ws_str(&l), &id[..8]]), "diff id");
+    // (A prefix of digits only is read as a line number: up to a letter, 8 at least.)
+    let n = id
+        .find(|c: char| c.is_ascii_alphabetic())
+        .map_or(id.len(), |i| (i + 1).max(8));
+    let by_id = ok(cli(&["diff", ws_str(&l), &id[..n]]), "diff id");
     assert!(by_id.contains("+TWO"), "{by_id}");
     // Everything alice changed, per file: the edit and the new file, not sed's temporary.
     let stat = ok(

@@ -37,6 +37,10 @@ fn git_with(gitdir: &Path, args: &[&str], input: Option<&str>) -> Option<String>
             "core.hooksPath=/dev/null",
         ])
         .args(["-c", "core.pager=cat", "-c", "safe.directory=*"])
+        // (The commit-graph is a file agents can write: a patched one would show the
+        // check another tree than the commit's. Read the commits themselves.)
+        .args(["-c", "core.commitGraph=false"])
+        .env("GIT_NO_REPLACE_OBJECTS", "1")
         .args(args)
         .env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -196,14 +200,20 @@ impl Fs {
             .with_rule(Some("git: no replace refs".into()));
             return Err(self.gate.deny(ident, caller, d));
         }
-        if refname.starts_with("refs/remotes/") {
-            return Ok(0);
-        }
+        // (Remote-tracking refs too: a name in a state file may resolve to one. A fetch of
+        // others' commits that change paths outside the scope is refused; checking them
+        // out through the mount would be.)
         let new = match ref_target(new) {
             Some(RefTarget::Oid(o)) => o,
             // A symbolic ref follows its target wherever it moves: only to a local branch
             // (whose every move is checked), as git's HEAD does.
-            Some(RefTarget::Symbolic(to)) if to.starts_with("refs/heads/") => return Ok(0),
+            Some(RefTarget::Symbolic(to))
+                if to.starts_with("refs/heads/")
+                    || (refname.starts_with("refs/remotes/")
+                        && to.starts_with("refs/remotes/")) =>
+            {
+                return Ok(0)
+            }
             Some(RefTarget::Symbolic(to)) => {
                 let d = Denial::new(
                     Code::ProtectedPath,
@@ -373,6 +383,17 @@ pub enum ListKind {
     UpdateRefs,
     /// A reflog (`logs/refs/stash`): `<old> <new> <who> <when>\t<message>` lines.
     Reflog,
+    /// `BISECT_START`: the branch to return to, or an id.
+    BranchOrId,
+    /// `rebase-merge/strategy`: one of git's built-in merge strategies.
+    Strategy,
+    /// `sequencer/opts`, `strategy_opts`: no `subtree` option, built-in strategies only.
+    Options,
+}
+
+/// Git's built-in merge strategies (any other name is a program git looks for on `PATH`).
+fn builtin_strategy(s: &str) -> bool {
+    matches!(s, "ort" | "recursive" | "resolve" | "octopus" | "ours")
 }
 
 /// What kind of commit-naming state file `rel` is, if it is one.
@@ -407,6 +428,18 @@ pub fn commit_list_kind(rel: &Path) -> Option<ListKind> {
     if parent == "sequencer" && matches!(name, "head" | "abort-safety") {
         return Some(ListKind::Ids);
     }
+    // What `git bisect reset` checks out: a branch name, or an id.
+    if parent == ".git" && name == "BISECT_START" {
+        return Some(ListKind::BranchOrId);
+    }
+    // Merge strategies and their options (`-X subtree=…` applies a commit's changes under
+    // another directory: an in-scope commit written outside the scope).
+    if state && name == "strategy" {
+        return Some(ListKind::Strategy);
+    }
+    if (parent == "sequencer" && name == "opts") || (state && name == "strategy_opts") {
+        return Some(ListKind::Options);
+    }
     if parent == ".git"
         && matches!(
             name,
@@ -428,6 +461,26 @@ pub fn commit_list_kind(rel: &Path) -> Option<ListKind> {
     }
     None
 }
+
+/// A word a todo's `reset` or `merge` may name as a label: one the rebase makes, or any
+/// name git could make a label of (`refs/rewritten/<word>`: no `/`, no revision syntax).
+/// Git resolves it as `refs/rewritten/<word>` (made by a `label` step, a checked ref
+/// move), else as any revision of that name: remote-tracking refs are checked as they
+/// move, and files at the top of a git directory that git does not write are refused, so
+/// whatever that name finds was checked or is the human's.
+fn label_word(w: &str, known: &[&str]) -> bool {
+    known.contains(&w)
+        || (!w.is_empty()
+            && w.len() <= 200
+            && w.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            && !w.starts_with('.')
+            && !w.ends_with(".lock"))
+}
+
+/// The largest git state file the checks read (a rebase of some 15,000 commits): a larger
+/// one is refused rather than read in part.
+pub const STATE_MAX: u64 = 1 << 20;
 
 /// Hex digits, 4 to 64 of them (an object id, full or abbreviated, as git accepts it).
 fn hex_id(w: &str) -> bool {
@@ -498,21 +551,19 @@ pub fn named_objects(
                         }
                         // The parents: labels, or ids.
                         for a in arg.into_iter().chain(w).take_while(|a| !a.starts_with('#')) {
-                            if !labels.contains(&a) {
-                                if !hex_id(a) {
-                                    return Err(l.to_string());
-                                }
+                            if hex_id(a) {
                                 ids.push(a.to_string());
+                            } else if !label_word(a, &labels) {
+                                return Err(l.to_string());
                             }
                         }
                     }
                     "reset" | "t" => {
                         let a = l[cmd.len()..].split('#').next().unwrap_or("").trim();
-                        if !labels.contains(&a) {
-                            if !hex_id(a) {
-                                return Err(l.to_string());
-                            }
+                        if hex_id(a) {
                             ids.push(a.to_string());
+                        } else if !label_word(a, &labels) {
+                            return Err(l.to_string());
                         }
                     }
                     "label" | "l" | "break" | "b" | "noop" | "update-ref" | "u" => {}
@@ -534,6 +585,34 @@ pub fn named_objects(
                 if full(l) {
                     ids.push(l.to_string());
                 } else if !l.starts_with("refs/") {
+                    return Err(l.to_string());
+                }
+            }
+        }
+        ListKind::BranchOrId => {
+            for l in lines.iter().map(|l| l.trim()).filter(|l| !l.is_empty()) {
+                if full(l) {
+                    ids.push(l.to_string());
+                } else if !label_word(l, &[]) {
+                    return Err(l.to_string());
+                }
+            }
+        }
+        ListKind::Strategy => {
+            for l in lines.iter().map(|l| l.trim()).filter(|l| !l.is_empty()) {
+                if !builtin_strategy(l) {
+                    return Err(l.to_string());
+                }
+            }
+        }
+        ListKind::Options => {
+            for l in &lines {
+                let low = l.to_ascii_lowercase();
+                let strategy = low
+                    .split_once('=')
+                    .filter(|(k, _)| k.trim() == "strategy")
+                    .map(|(_, v)| v.trim().trim_matches('"').to_string());
+                if low.contains("subtree") || strategy.is_some_and(|v| !builtin_strategy(&v)) {
                     return Err(l.to_string());
                 }
             }
@@ -724,9 +803,11 @@ impl Fs {
             libc::S_IFDIR => return Ok(()),
             libc::S_IFREG if st.st_nlink <= 1 => super::sys::open_read_at(dir, name)
                 .ok()
-                .and_then(|f| super::hash::read_small(&f, 16 << 20))
-                .unwrap_or_default(),
-            _ => return Err(self.todo_denial(ident, caller, rel)),
+                .and_then(|f| super::hash::read_small(&f, STATE_MAX)),
+            _ => None,
+        };
+        let Some(text) = text else {
+            return Err(self.todo_denial(ident, caller, rel));
         };
         self.check_state_file(ident, caller, rel, &text, true)
     }
@@ -755,6 +836,53 @@ impl Fs {
         )
         .with_rule(Some("git: refs, state files and objects are put into place closed".into()));
         self.gate.deny(ident, caller, d)
+    }
+
+    /// After a commit-graph, a pack index or the multi-pack index was put into place
+    /// (`rel`): git verifies it against the objects (`commit-graph verify`, `verify-pack`,
+    /// `multi-pack-index verify`), and one that does not match them is removed again and
+    /// refused. Git trusts these files when it checks commits out.
+    pub(crate) fn verify_trusted_index(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        rel: &Path,
+    ) -> Result<()> {
+        use crate::policy::git::TrustedIndex;
+        let (Some(kind), Some(gitdir)) = (
+            crate::policy::git::trusted_index(rel),
+            self.root_gitdir(rel),
+        ) else {
+            return Ok(());
+        };
+        let path = self.cfg.workspace.join(rel);
+        let ok = match kind {
+            TrustedIndex::CommitGraph => git(
+                &gitdir,
+                &["-c", "core.commitGraph=true", "commit-graph", "verify"],
+            )
+            .is_some(),
+            TrustedIndex::PackIndex => {
+                git(&gitdir, &["verify-pack", &path.to_string_lossy()]).is_some()
+            }
+            TrustedIndex::MultiPackIndex => git(&gitdir, &["multi-pack-index", "verify"]).is_some(),
+        };
+        if ok {
+            return Ok(());
+        }
+        if let Err(e) = std::fs::remove_file(&path) {
+            tracing::error!(path = %rel.display(), "removing a git index that does not match the objects: {e}");
+        }
+        let d = Denial::new(
+            Code::ProtectedPath,
+            Operation::Rename,
+            rel,
+            ident.intent().as_deref(),
+            format!("{} does not match the objects it indexes (git verified it): git would check out other content than the commits'", rel.display()),
+            "Let git write its indexes (`git gc`, `git commit-graph write`, `git repack`).".into(),
+        )
+        .with_rule(Some("git: indexes git trusts must match the objects".into()));
+        Err(self.gate.deny(ident, caller, d))
     }
 
     /// A file arriving at a loose object's name (linked or renamed there, alone or in a
@@ -872,14 +1000,20 @@ impl Fs {
         offset: u64,
         data: &[u8],
     ) -> Result<()> {
-        let mut text = self.state_text(h);
-        let end = offset as usize + data.len();
+        let rel = self.display_rel(&h.node);
+        let end = offset.saturating_add(data.len() as u64);
+        let Some(mut text) = self.state_text(h).filter(|_| end <= STATE_MAX) else {
+            return Err(self.todo_denial(&h.identity, &h.caller, &rel));
+        };
+        let end = end as usize;
         if text.len() < end {
             text.resize(end, b' ');
         }
         text[offset as usize..end].copy_from_slice(data);
-        let rel = self.display_rel(&h.node);
-        self.check_state_file(&h.identity, &h.caller, &rel, &text, false)
+        // (Judged whole, its last line too: git writes such a file in one write, which
+        // reaches the daemon in one request below the 1 MiB cap; a handle kept open with
+        // a line held back must not wait for a close that may never come.)
+        self.check_state_file(&h.identity, &h.caller, &rel, &text, true)
     }
 
     /// At the close of a handle of a git state file: the whole of what it leaves (its writes
@@ -888,8 +1022,10 @@ impl Fs {
     /// file is inert (git stops and says so).
     pub(crate) fn check_todo_close(&self, h: &super::FileHandle) -> Result<()> {
         let rel = self.display_rel(&h.node);
-        let text = self.state_text(h);
-        let r = self.check_state_file(&h.identity, &h.caller, &rel, &text, true);
+        let r = match self.state_text(h) {
+            Some(text) => self.check_state_file(&h.identity, &h.caller, &rel, &text, true),
+            None => Err(self.todo_denial(&h.identity, &h.caller, &rel)),
+        };
         if r.is_err() {
             if let Err(e) = h.file.set_len(0) {
                 tracing::warn!(path = %rel.display(), "emptying a refused git state file: {e}");
@@ -900,15 +1036,14 @@ impl Fs {
 
     /// A git state file's content now (read through a descriptor of its own: the handle
     /// may be write-only).
-    fn state_text(&self, h: &super::FileHandle) -> Vec<u8> {
+    fn state_text(&self, h: &super::FileHandle) -> Option<Vec<u8>> {
         self.fd(&h.node)
             .ok()
             .and_then(|fd| {
                 use std::os::fd::AsFd;
                 super::sys::reopen_quiet(self.proc_fd.as_fd(), fd.as_fd()).ok()
             })
-            .and_then(|f| super::hash::read_small(&f, 16 << 20))
-            .unwrap_or_default()
+            .and_then(|f| super::hash::read_small(&f, STATE_MAX))
     }
 
     /// A todo list that runs commands, or a state file naming commits it may not.

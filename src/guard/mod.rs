@@ -292,6 +292,20 @@ impl Guard {
         // A loose object is written under a temporary name and linked or renamed into
         // place, where its content is checked (`fs::gitrefs::check_loose_object`); never
         // written in place.
+        // A file at the top of a git directory that git does not keep there would stand for
+        // a branch or label of that name (see `policy::git::unknown_git_file`).
+        if !is_dir && (writes_in_place(op) || matches!(op, Operation::Link | Operation::Rename)) {
+            if let Some(name) = crate::policy::git::unknown_git_file(rel) {
+                return Err(protected(
+                    op,
+                    rel,
+                    intent,
+                    format!("{} is not a file git keeps at the top of its directory: git would read it as the revision {name:?}", show(rel)),
+                    "Keep your own files out of .git; let git write its state.",
+                    "git: only git's own files at the top of a git directory".into(),
+                ));
+            }
+        }
         // Git makes no symlink in its own directory; one there (a fan-out directory of
         // objects, a state file) would have git read what no check saw.
         if op == Operation::Symlink && crate::policy::git::in_git_dir(rel) {
@@ -307,7 +321,11 @@ impl Guard {
                 "git: no symlinks in a git directory".into(),
             ));
         }
-        if !is_dir && writes_in_place(op) && crate::policy::git::loose_object_id(rel).is_some() {
+        if !is_dir
+            && writes_in_place(op)
+            && (crate::policy::git::loose_object_id(rel).is_some()
+                || crate::policy::git::trusted_index(rel).is_some())
+        {
             return Err(protected(
                 op,
                 rel,

@@ -171,6 +171,74 @@ pub fn loose_object_id(rel: &Path) -> Option<String> {
     .then(|| format!("{fan}{name}").to_ascii_lowercase())
 }
 
+/// A file directly in a git directory whose name git does not write there, if `rel` is
+/// one (`Some(name)`). Git reads a revision name `NAME` first as `$GIT_DIR/NAME`: a file
+/// `.git/feature` would stand for the branch `feature` in the human's `git merge feature`,
+/// and for a label a rebase's `reset` names. So only the files git itself keeps there may
+/// be made or written: its pseudo-refs and messages (upper case, e.g. `ORIG_HEAD`,
+/// `MERGE_MSG`), the index and its temporaries, `packed-refs`, `shallow`, `description`,
+/// gc's files, lock files, and names git never reads as a revision (starting with `.`,
+/// ending with `~`, an editor's swap file).
+pub fn unknown_git_file(rel: &Path) -> Option<String> {
+    if !mentions_git(rel) {
+        return None;
+    }
+    let p = parts(rel);
+    if p.len() < 2 || p[p.len() - 2] != ".git" {
+        return None;
+    }
+    let name = p[p.len() - 1].as_ref();
+    let known = name.ends_with(".lock")
+        || name.starts_with('.')
+        || name.ends_with('~')
+        || (!name.is_empty() && name.bytes().all(|b| b.is_ascii_uppercase() || b == b'_'))
+        || matches!(
+            name,
+            "index"
+                | "packed-refs"
+                | "shallow"
+                | "description"
+                | "gc.pid"
+                | "gc.log"
+                | "gitk.cache"
+        )
+        || name.starts_with("index.")
+        || name.starts_with("sharedindex.")
+        || name.starts_with("next-index-")
+        || name.starts_with("packed-refs.")
+        || name.ends_with(".patch")
+        || name.ends_with(".diff");
+    (!known).then(|| name.to_string())
+}
+
+/// An index git trusts without checking it against the objects, if `rel` is one: a
+/// commit-graph (a commit's tree and parents are read from it), a pack index or the
+/// multi-pack index (an object id is mapped to its bytes through it). A forged one makes
+/// git check out other content than the commit's.
+pub fn trusted_index(rel: &Path) -> Option<TrustedIndex> {
+    if !mentions_git(rel) {
+        return None;
+    }
+    let p = parts(rel);
+    let i = p.iter().rposition(|c| c == ".git")?;
+    let r: Vec<&str> = p[i + 1..].iter().map(|c| c.as_ref()).collect();
+    match r.as_slice() {
+        ["objects", "info", "commit-graph"] => Some(TrustedIndex::CommitGraph),
+        ["objects", "info", "commit-graphs", _] => Some(TrustedIndex::CommitGraph),
+        ["objects", "pack", "multi-pack-index"] => Some(TrustedIndex::MultiPackIndex),
+        ["objects", "pack", n] if n.ends_with(".idx") => Some(TrustedIndex::PackIndex),
+        _ => None,
+    }
+}
+
+/// See [`trusted_index`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TrustedIndex {
+    CommitGraph,
+    PackIndex,
+    MultiPackIndex,
+}
+
 /// Is `rel` a ref file of a repository: a loose ref (`HEAD`, `refs/...`) or `packed-refs`
 /// (not their `.lock` files)? Git writes these only through a lock file renamed into place.
 pub fn is_ref_file(rel: &Path) -> bool {

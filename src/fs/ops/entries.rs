@@ -257,6 +257,7 @@ impl Fs {
         )?;
         self.watch_dir_fd(&np, npfd.as_fd());
         sys::link_fd(self.proc_fd.as_fd(), fd.as_fd(), npfd.as_fd(), newname)?;
+        self.verify_trusted_index(&ident, caller, &rel)?;
         let st = sys::stat_fd(fd.as_fd())?;
         let node = self.table.lookup(newparent, newname, None, &st);
         self.record(

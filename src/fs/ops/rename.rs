@@ -518,6 +518,9 @@ impl Fs {
         fx: &RenameEffects,
     ) -> Result<()> {
         let ident = &g.ident;
+        if !r.src_dir {
+            self.verify_trusted_index(ident, caller, &r.to)?;
+        }
         if let Some((_, old, new)) = &fx.moved_ref {
             self.gate
                 .record_ref(ident, caller, &r.to, old.clone(), new.clone())?;
@@ -695,4 +698,5 @@ fn checked_name(rel: &Path) -> bool {
     crate::policy::git::is_ref_file(rel)
         || crate::fs::gitrefs::is_commit_list(rel)
         || crate::policy::git::loose_object_id(rel).is_some()
+        || crate::policy::git::trusted_index(rel).is_some()
 }
