@@ -1630,6 +1630,44 @@ os.close(fd)"
     assert!(fsck.status.success(), "{}", text(&fsck.stdout));
 }
 
+/// The fifth attack pass: a pack's data rewritten after its index was verified (git reads
+/// trees and blobs from a pack without hashing them: the human's `git switch` wrote the
+/// agent's content), a pack renamed over another, a directory of indexes moved into place
+/// unverified. Each is refused, the pack on disk unchanged; split commit-graphs (broken
+/// by the fourth pass's fix), gc and repack work.
+#[test]
+fn packs_and_indexes_arrive_only_as_git_puts_them() {
+    let Some(l) = layout() else { return };
+    let _m = l.mount_env(MOUNT, &[]);
+    let script = r#"
+        echo 'export const p = 1;' >> src/auth/session.ts && git commit -qam p
+        git commit-graph write --reachable --split; echo split=$?
+        git gc -q; echo gc=$?
+        P=$(ls .git/objects/pack/pack-*.pack | head -1); echo pack=$P
+        chmod u+w $P; cp $P /tmp/intentfs-pack.$$ && cp /tmp/intentfs-pack.$$ $P; echo in_place=$?
+        cp $P .git/objects/pack/tmp_pack_x && printf x >> .git/objects/pack/tmp_pack_x && mv .git/objects/pack/tmp_pack_x $P; echo over=$?
+        rm -f .git/objects/pack/tmp_pack_x
+        mkdir .git/objects/newinfo && cp -r .git/objects/info/. .git/objects/newinfo/
+        mv .git/objects/info .git/objects/oldinfo && mv .git/objects/newinfo .git/objects/info; echo dir_info=$?
+        mv .git/objects/oldinfo .git/objects/info 2>/dev/null
+        git repack -adq; echo repack=$?
+    "#;
+    let (_, m, ctx) = evil(&l, script);
+    for k in ["split", "gc", "repack"] {
+        assert_eq!(m[k], "0", "{k} failed\n{ctx}");
+    }
+    for k in ["in_place", "over", "dir_info"] {
+        assert_ne!(m[k], "0", "{k} was allowed\n{ctx}");
+    }
+    let fsck = sh_in(&l.ws, "git -c safe.directory='*' fsck --no-dangling 2>&1");
+    assert!(fsck.status.success(), "{}\n{ctx}", text(&fsck.stdout));
+    let denied = protected_denials(&l);
+    assert!(
+        denied.iter().any(|p| p.ends_with(".pack")),
+        "{denied:?}\n{ctx}"
+    );
+}
+
 /// Git does not check a blob's hash when it checks the blob out: other content put under
 /// an existing object's name (copied there, renamed or linked into place) would be what the
 /// human's next checkout writes. A loose object is refused unless its content is the object

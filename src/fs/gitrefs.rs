@@ -812,6 +812,30 @@ impl Fs {
         self.check_state_file(ident, caller, rel, &text, true)
     }
 
+    /// A `PROTECTED_PATH` refusal about git's internals, quoting `rule`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn git_denial(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        op: Operation,
+        rel: &Path,
+        message: String,
+        remedy: &str,
+        rule: &str,
+    ) -> super::FsError {
+        let d = Denial::new(
+            Code::ProtectedPath,
+            op,
+            rel,
+            ident.intent().as_deref(),
+            message,
+            remedy.into(),
+        )
+        .with_rule(Some(rule.into()));
+        self.gate.deny(ident, caller, d)
+    }
+
     /// The refusal of a file still open for writing that would become a ref, a git state
     /// file or an object (`to`): writes through that handle would change it unchecked.
     pub(crate) fn still_open_denial(
@@ -866,6 +890,14 @@ impl Fs {
                 git(&gitdir, &["verify-pack", &path.to_string_lossy()]).is_some()
             }
             TrustedIndex::MultiPackIndex => git(&gitdir, &["multi-pack-index", "verify"]).is_some(),
+            // A pack's data (or a file beside it) arriving: its index, if there is one yet,
+            // is verified against it (git renames the index into place last).
+            TrustedIndex::PackData => {
+                let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                let stem = name.rsplit_once('.').map_or(name, |(s, _)| s);
+                let idx = path.with_file_name(format!("{stem}.idx"));
+                !idx.exists() || git(&gitdir, &["verify-pack", &idx.to_string_lossy()]).is_some()
+            }
         };
         if ok {
             return Ok(());

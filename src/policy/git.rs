@@ -224,9 +224,26 @@ pub fn trusted_index(rel: &Path) -> Option<TrustedIndex> {
     let r: Vec<&str> = p[i + 1..].iter().map(|c| c.as_ref()).collect();
     match r.as_slice() {
         ["objects", "info", "commit-graph"] => Some(TrustedIndex::CommitGraph),
-        ["objects", "info", "commit-graphs", _] => Some(TrustedIndex::CommitGraph),
+        // (Git writes the chain through its lock and each graph under a temporary name.)
+        ["objects", "info", "commit-graphs", n]
+            if *n == "commit-graph-chain" || (n.starts_with("graph-") && n.ends_with(".graph")) =>
+        {
+            Some(TrustedIndex::CommitGraph)
+        }
         ["objects", "pack", "multi-pack-index"] => Some(TrustedIndex::MultiPackIndex),
-        ["objects", "pack", n] if n.ends_with(".idx") => Some(TrustedIndex::PackIndex),
+        ["objects", "pack", n] if n.starts_with("pack-") && n.ends_with(".idx") => {
+            Some(TrustedIndex::PackIndex)
+        }
+        // A pack's data and the files beside it: git checks a pack against its index's
+        // trailer only, and reads trees and blobs from it without hashing them.
+        ["objects", "pack", n]
+            if n.starts_with("pack-")
+                && [".pack", ".rev", ".bitmap", ".mtimes"]
+                    .iter()
+                    .any(|e| n.ends_with(e)) =>
+        {
+            Some(TrustedIndex::PackData)
+        }
         _ => None,
     }
 }
@@ -237,6 +254,7 @@ pub enum TrustedIndex {
     CommitGraph,
     PackIndex,
     MultiPackIndex,
+    PackData,
 }
 
 /// Is `rel` a ref file of a repository: a loose ref (`HEAD`, `refs/...`) or `packed-refs`

@@ -142,6 +142,19 @@ impl Fs {
                         let f = sys::open_read_at(dfd.as_fd(), name).ok();
                         self.check_loose_object(ident, caller, f.as_ref(), &n)?;
                     }
+                    // (An index git trusts, or a pack, arrives on its own, where git
+                    // verifies it; git moves no directory of them.)
+                    if crate::policy::git::trusted_index(&n).is_some() {
+                        return Err(self.git_denial(
+                            ident,
+                            caller,
+                            Operation::Rename,
+                            &n,
+                            format!("{} would arrive inside a directory moved: a pack or an index git trusts arrives on its own, where git verifies it", n.display()),
+                            "Let git write its packs and indexes (`git gc`, `git repack`, `git commit-graph write`).",
+                            "git: packs and indexes arrive one by one",
+                        ));
+                    }
                     if e.kind == libc::DT_LNK && crate::policy::git::in_git_dir(&n) {
                         return Err(self.todo_denial(ident, caller, &n));
                     }
@@ -353,6 +366,32 @@ impl Fs {
                 }
                 std::thread::sleep(std::time::Duration::from_millis(2));
             }
+        }
+        // Git never replaces a pack or an index git trusts that exists (new ones get new,
+        // content-derived names; the commit-graph and multi-pack index through a lock).
+        // (`git repack` may write the very same pack again: identical bytes may replace it.)
+        if r.dst.is_some()
+            && matches!(
+                crate::policy::git::trusted_index(&r.to),
+                Some(
+                    crate::policy::git::TrustedIndex::PackData
+                        | crate::policy::git::TrustedIndex::PackIndex
+                )
+            )
+            && !same_bytes(r.pfd.as_fd(), r.name, r.npfd.as_fd(), r.newname)
+        {
+            return Err(self.git_denial(
+                &ident,
+                caller,
+                Operation::Rename,
+                &r.to,
+                format!(
+                    "{} exists: git never replaces a pack or its index (a new one has a new name)",
+                    r.to.display()
+                ),
+                "Let git write its packs (`git gc`, `git repack`).",
+                "git: packs and indexes are never replaced",
+            ));
         }
         if !r.src_dir {
             if crate::policy::git::loose_object_id(&r.to).is_some() {
@@ -699,4 +738,34 @@ fn checked_name(rel: &Path) -> bool {
         || crate::fs::gitrefs::is_commit_list(rel)
         || crate::policy::git::loose_object_id(rel).is_some()
         || crate::policy::git::trusted_index(rel).is_some()
+}
+
+/// Whether `a` and `b` hold the same bytes (read without following symlinks).
+fn same_bytes(
+    ad: std::os::fd::BorrowedFd<'_>,
+    a: &OsStr,
+    bd: std::os::fd::BorrowedFd<'_>,
+    b: &OsStr,
+) -> bool {
+    use std::io::Read;
+    let (Ok(fa), Ok(fb)) = (sys::open_read_at(ad, a), sys::open_read_at(bd, b)) else {
+        return false;
+    };
+    if fa.metadata().map(|m| m.len()).ok() != fb.metadata().map(|m| m.len()).ok() {
+        return false;
+    }
+    let (mut ra, mut rb) = (std::io::BufReader::new(fa), std::io::BufReader::new(fb));
+    let (mut x, mut y) = (vec![0u8; 64 << 10], vec![0u8; 64 << 10]);
+    loop {
+        let n = match ra.read(&mut x) {
+            Ok(n) => n,
+            Err(_) => return false,
+        };
+        if n == 0 {
+            return true;
+        }
+        if rb.read_exact(&mut y[..n]).is_err() || x[..n] != y[..n] {
+            return false;
+        }
+    }
 }
