@@ -123,6 +123,14 @@ const OUT_OF_SCOPE_COMMIT: &str = r#"
         T=$(git write-tree); C=$(git commit-tree $T -p HEAD -m innocent); unset GIT_INDEX_FILE
 "#;
 
+/// Shell lines that leave an interactive rebase paused, made by hand (`$H` the head, `$D`
+/// its `rebase-merge` directory).
+const PAUSED_REBASE: &str = r#"
+        H=$(git rev-parse HEAD); D=.git/rebase-merge; mkdir $D
+        git symbolic-ref HEAD > $D/head-name; echo $H > $D/onto; echo $H > $D/orig-head
+        : > $D/interactive; : > $D/done; echo 1 > $D/end; echo 0 > $D/msgnum
+"#;
+
 /// The human's `git ARGS` in the workspace (not through the mount): its stdout.
 fn git_in(l: &Layout, args: &str) -> String {
     ok(
@@ -1204,14 +1212,12 @@ fn a_rebase_todo_cannot_run_commands() {
     let _m = l.mount_env(MOUNT, &[]);
     let marker = l.root.join("pwned-rebase");
     let script = format!(
-        r#"
-        H=$(git rev-parse HEAD); D=.git/rebase-merge; mkdir $D
-        git symbolic-ref HEAD > $D/head-name; echo $H > $D/onto; echo $H > $D/orig-head
-        : > $D/interactive; : > $D/done; echo 1 > $D/end; echo 0 > $D/msgnum
+        r#"{rebase}
         echo "exec touch {m}" > $D/git-rebase-todo; echo todo=$?
         printf 'pick %s x\nx touch {m}\n' $H > $D/t && mv $D/t $D/git-rebase-todo; echo todo_rename=$?
         "#,
-        m = marker.display()
+        m = marker.display(),
+        rebase = PAUSED_REBASE,
     );
     let (_, m, ctx) = evil(&l, &script);
     assert_ne!(m["todo"], "0", "{ctx}");
@@ -1232,10 +1238,7 @@ fn a_rebase_todo_cannot_be_planted_by_a_rename_a_link_or_a_symlink() {
     let _m = l.mount_env(MOUNT, &[]);
     let marker = l.root.join("pwned-rebase-route");
     let script = format!(
-        r#"
-        H=$(git rev-parse HEAD); D=.git/rebase-merge; mkdir $D
-        git symbolic-ref HEAD > $D/head-name; echo $H > $D/onto; echo $H > $D/orig-head
-        : > $D/interactive; : > $D/done; echo 1 > $D/end; echo 0 > $D/msgnum
+        r#"{rebase}
         printf 'pick %s x\n' $H > $D/git-rebase-todo; echo clean=$?
         cp -r $D .git/rm2 && echo "exec touch {m}" > .git/rm2/git-rebase-todo; echo planted=$?
         rm -rf $D; mv .git/rm2 $D; echo dir_rename=$?
@@ -1247,7 +1250,8 @@ fn a_rebase_todo_cannot_be_planted_by_a_rename_a_link_or_a_symlink() {
         rm -rf $D; ln -s ../src/auth/r $D; echo symlink_dir=$?
         ln -s ../src/auth/r .git/r2; mv .git/r2 $D; echo symlink_dir_rename=$?
         "#,
-        m = marker.display()
+        m = marker.display(),
+        rebase = PAUSED_REBASE,
     );
     let (_, m, ctx) = evil(&l, &script);
     assert_eq!(

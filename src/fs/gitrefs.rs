@@ -189,16 +189,15 @@ impl Fs {
         // Replace refs change what every other object means to git (a tree or a blob
         // swapped under the same commit, which no commit check sees): not an agent's.
         if refname.starts_with("refs/replace/") {
-            let d = Denial::new(
-                Code::ProtectedPath,
-                Operation::Ref,
-                rel,
-                ident.intent().as_deref(),
-                format!("{refname}: a replace ref makes git show and check out another object in place of one that exists"),
-                "Do not use `git replace`; commit the change you want instead.".into(),
-            )
-            .with_rule(Some("git: no replace refs".into()));
-            return Err(self.gate.deny(ident, caller, d));
+            return Err(self.git_denial(
+                    ident,
+                    caller,
+                    Operation::Ref,
+                    rel,
+                    format!("{refname}: a replace ref makes git show and check out another object in place of one that exists"),
+                    "Do not use `git replace`; commit the change you want instead.",
+                    "git: no replace refs",
+                ));
         }
         // (Remote-tracking refs too: a name in a state file may resolve to one. A fetch of
         // others' commits that change paths outside the scope is refused; checking them
@@ -215,30 +214,26 @@ impl Fs {
                 return Ok(0)
             }
             Some(RefTarget::Symbolic(to)) => {
-                let d = Denial::new(
-                    Code::ProtectedPath,
+                return Err(self.git_denial(
+                    ident,
+                    caller,
                     Operation::Ref,
                     rel,
-                    ident.intent().as_deref(),
                     format!("{refname} would follow {to}: a symbolic ref points only at a local branch (refs/heads/…), whose moves are checked"),
-                    "Point HEAD at a branch (`git switch NAME`); do not make symbolic refs to remote-tracking or other refs.".into(),
-                )
-                .with_rule(Some("git: a symbolic ref points at a local branch".into()));
-                return Err(self.gate.deny(ident, caller, d));
+                    "Point HEAD at a branch (`git switch NAME`); do not make symbolic refs to remote-tracking or other refs.",
+                    "git: a symbolic ref points at a local branch",
+                ));
             }
             None => {
-                let d = Denial::new(
-                    Code::ProtectedPath,
+                return Err(self.git_denial(
+                    ident,
+                    caller,
                     Operation::Ref,
                     rel,
-                    ident.intent().as_deref(),
                     format!("{refname} would hold {new:?}: neither an object id nor `ref: …`"),
-                    "Move refs with git (`git update-ref`, `git branch`).".into(),
-                )
-                .with_rule(Some(
-                    "git: a ref holds an object id or a symbolic ref".into(),
+                    "Move refs with git (`git update-ref`, `git branch`).",
+                    "git: a ref holds an object id or a symbolic ref",
                 ));
-                return Err(self.gate.deny(ident, caller, d));
             }
         };
         self.check_new_commits(
@@ -768,19 +763,18 @@ impl Fs {
         caller: &Caller,
         rel: &Path,
     ) -> super::FsError {
-        let d = Denial::new(
-            Code::ProtectedPath,
+        self.git_denial(
+            ident,
+            caller,
             Operation::Write,
             rel,
-            ident.intent().as_deref(),
             format!(
                 "{} would run commands (`exec` lines), or be a link or another name of a file whose writes are not checked: whoever continues the rebase (`git rebase --continue`) would run them",
                 rel.display()
             ),
-            "Rebase without `exec`/`-x` steps; run the commands yourself between commits. Leave the todo list a plain file git writes.".into(),
+            "Rebase without `exec`/`-x` steps; run the commands yourself between commits. Leave the todo list a plain file git writes.",
+            "git: a rebase todo list may not run commands",
         )
-        .with_rule(Some("git: a rebase todo list may not run commands".into()));
-        self.gate.deny(ident, caller, d)
     }
 
     /// An entry about to become a rebase todo list at `rel` (renamed there, alone or in a
@@ -846,20 +840,19 @@ impl Fs {
         from: &Path,
         to: &Path,
     ) -> super::FsError {
-        let d = Denial::new(
-            Code::ProtectedPath,
+        self.git_denial(
+            ident,
+            caller,
             op,
             to,
-            ident.intent().as_deref(),
             format!(
                 "{} is open for writing: as {}, its later writes would change a git ref, state file or object unchecked",
                 from.display(),
                 to.display()
             ),
-            "Close the file before putting it into place (as git does with its lock and temporary files).".into(),
+            "Close the file before putting it into place (as git does with its lock and temporary files).",
+            "git: refs, state files and objects are put into place closed",
         )
-        .with_rule(Some("git: refs, state files and objects are put into place closed".into()));
-        self.gate.deny(ident, caller, d)
     }
 
     /// After a commit-graph, a pack index or the multi-pack index was put into place
@@ -905,16 +898,15 @@ impl Fs {
         if let Err(e) = std::fs::remove_file(&path) {
             tracing::error!(path = %rel.display(), "removing a git index that does not match the objects: {e}");
         }
-        let d = Denial::new(
-            Code::ProtectedPath,
+        Err(self.git_denial(
+            ident,
+            caller,
             Operation::Rename,
             rel,
-            ident.intent().as_deref(),
             format!("{} does not match the objects it indexes (git verified it): git would check out other content than the commits'", rel.display()),
-            "Let git write its indexes (`git gc`, `git commit-graph write`, `git repack`).".into(),
-        )
-        .with_rule(Some("git: indexes git trusts must match the objects".into()));
-        Err(self.gate.deny(ident, caller, d))
+            "Let git write its indexes (`git gc`, `git commit-graph write`, `git repack`).",
+            "git: indexes git trusts must match the objects",
+        ))
     }
 
     /// A file arriving at a loose object's name (linked or renamed there, alone or in a
@@ -932,19 +924,18 @@ impl Fs {
         if file.is_some_and(|f| loose_object_matches(f, &oid)) {
             return Ok(());
         }
-        let d = Denial::new(
-            Code::ProtectedPath,
+        Err(self.git_denial(
+            ident,
+            caller,
             Operation::Rename,
             rel,
-            ident.intent().as_deref(),
             format!(
                 "{} is not the git object {oid} its name says: git would check out its content as that object's",
                 rel.display()
             ),
-            "Let git write its objects (`git hash-object -w`, `git add`, `git commit`).".into(),
-        )
-        .with_rule(Some("git: a loose object holds the object its name says".into()));
-        Err(self.gate.deny(ident, caller, d))
+            "Let git write its objects (`git hash-object -w`, `git add`, `git commit`).",
+            "git: a loose object holds the object its name says",
+        ))
     }
 
     /// Refuse a git state file (see [`is_commit_list`]) whose content names a commit that
