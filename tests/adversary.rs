@@ -1672,6 +1672,45 @@ fn packs_and_indexes_arrive_only_as_git_puts_them() {
     );
 }
 
+/// The sixth attack pass: reflogs name commits too (`git checkout -` reads where HEAD came
+/// from out of `logs/HEAD`'s messages, `master@{1}` out of the branch's reflog), and
+/// rerere's `rr-cache/` replays recorded resolutions into the human's conflicted files.
+/// Lines naming a commit outside the scope, and `rr-cache/`, are refused; git's own
+/// reflog lines (commit, checkout, stash, amend, reflog expire, gc) go on.
+#[test]
+fn reflogs_and_rerere_do_not_lead_the_humans_git() {
+    let Some(l) = layout() else { return };
+    let _m = l.mount_env(MOUNT, &[]);
+    let script = format!(
+        r#"{commit}
+        echo 'export const r = 1;' >> src/auth/session.ts && git commit -qam r; echo commit=$?
+        git checkout -qb f && git checkout -q - ; echo dash=$?
+        echo 'export const q = 1;' >> src/auth/session.ts && git stash -q && git stash pop -q; echo stash=$?
+        git commit -qam q && git commit --amend -qm q2; echo amend=$?
+        git reflog expire --expire=now --all && git gc -q; echo expire=$?
+        H=$(git rev-parse HEAD)
+        printf '%s %s a <a@e> 1700000000 +0000\tcheckout: moving from %s to f\n' $H $H $C >> .git/logs/HEAD; echo moved_from=$?
+        printf '%s %s a <a@e> 1 +0000\tx\n' $H $C >> .git/logs/refs/heads/f; echo branch_log=$?
+        mkdir .git/rr-cache; echo rr_cache=$?
+        "#,
+        commit = OUT_OF_SCOPE_COMMIT,
+    );
+    let (_, m, ctx) = evil(&l, &script);
+    for k in ["commit", "dash", "stash", "amend", "expire"] {
+        assert_eq!(m[k], "0", "{k} failed\n{ctx}");
+    }
+    for k in ["moved_from", "branch_log", "rr_cache"] {
+        assert_ne!(m[k], "0", "{k} was allowed\n{ctx}");
+    }
+    for cmd in ["checkout -q -", "reset -q --hard f@{1}", "checkout -q f"] {
+        let _ = sh_in(
+            &l.ws,
+            &format!("git -c safe.directory='*' {cmd} >/dev/null 2>&1"),
+        );
+        assert!(!l.ws.join("src/other/o.ts").exists(), "after {cmd}\n{ctx}");
+    }
+}
+
 /// Git does not check a blob's hash when it checks the blob out: other content put under
 /// an existing object's name (copied there, renamed or linked into place) would be what the
 /// human's next checkout writes. A loose object is refused unless its content is the object

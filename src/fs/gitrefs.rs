@@ -449,10 +449,17 @@ pub fn commit_list_kind(rel: &Path) -> Option<ListKind> {
     {
         return Some(ListKind::Ids);
     }
-    // (The stash's reflog: `git stash pop` moves `refs/stash` to the entry below the top.)
+    // Reflogs: git resolves `@{-1}`, `-`, `@{n}` and `branch@{n}` through them, and `git
+    // stash pop` moves `refs/stash` to the entry below the top.
     let p: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
-    if p.len() >= 4 && p[p.len() - 4..] == [".git", "logs", "refs", "stash"] {
-        return Some(ListKind::Reflog);
+    if let Some(i) = p.iter().rposition(|c| *c == ".git") {
+        let r = &p[i + 1..];
+        if r.first() == Some(&"logs")
+            && (r.get(1) == Some(&"HEAD") && r.len() == 2
+                || r.get(1) == Some(&"refs") && r.len() > 2)
+        {
+            return Some(ListKind::Reflog);
+        }
     }
     None
 }
@@ -619,7 +626,18 @@ pub fn named_objects(
                 if !full(old) || !full(new) {
                     return Err(l.to_string());
                 }
+                ids.push(old.to_string());
                 ids.push(new.to_string());
+                // `git checkout -` (`@{-1}`) reads where HEAD came from out of the message:
+                // `checkout: moving from <from> to <to>`.
+                let msg = l.split_once('\t').map_or("", |(_, m)| m);
+                if let Some(rest) = msg.split_once("moving from ").map(|(_, r)| r) {
+                    for word in rest.split_whitespace().filter(|w| *w != "to") {
+                        if hex_id(word) {
+                            ids.push(word.to_string());
+                        }
+                    }
+                }
             }
         }
     }
@@ -788,9 +806,13 @@ impl Fs {
         dir: std::os::fd::BorrowedFd<'_>,
         name: &std::ffi::OsStr,
         rel: &Path,
+        from: &Path,
     ) -> Result<()> {
         if !is_commit_list(rel) {
             return Ok(());
+        }
+        if commit_list_kind(rel) == Some(ListKind::Reflog) {
+            return self.check_reflog_arrival(ident, caller, dir, name, rel, from);
         }
         let st = super::sys::stat_at(dir, name)?;
         let text = match st.st_mode & libc::S_IFMT {
@@ -1024,6 +1046,12 @@ impl Fs {
         data: &[u8],
     ) -> Result<()> {
         let rel = self.display_rel(&h.node);
+        // A reflog is judged by what is written into it, line by line (git appends whole
+        // lines; one that rewrites part of a line is refused): it may grow large, and
+        // what it held was judged as it came.
+        if commit_list_kind(&rel) == Some(ListKind::Reflog) {
+            return self.check_named_commits(&h.identity, &h.caller, &rel, data, true);
+        }
         let end = offset.saturating_add(data.len() as u64);
         let Some(mut text) = self.state_text(h).filter(|_| end <= STATE_MAX) else {
             return Err(self.todo_denial(&h.identity, &h.caller, &rel));
@@ -1045,6 +1073,9 @@ impl Fs {
     /// file is inert (git stops and says so).
     pub(crate) fn check_todo_close(&self, h: &super::FileHandle) -> Result<()> {
         let rel = self.display_rel(&h.node);
+        if commit_list_kind(&rel) == Some(ListKind::Reflog) {
+            return Ok(());
+        }
         let r = match self.state_text(h) {
             Some(text) => self.check_state_file(&h.identity, &h.caller, &rel, &text, true),
             None => Err(self.todo_denial(&h.identity, &h.caller, &rel)),
@@ -1067,6 +1098,40 @@ impl Fs {
                 super::sys::reopen_quiet(self.proc_fd.as_fd(), fd.as_fd()).ok()
             })
             .and_then(|f| super::hash::read_small(&f, STATE_MAX))
+    }
+
+    /// A file renamed onto a reflog: a reflog moved from elsewhere in `logs/` (a branch
+    /// renamed), or one holding only lines the reflog there holds already (`git reflog
+    /// expire`, `reflog delete`). Anything else could name any commit.
+    fn check_reflog_arrival(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        dir: std::os::fd::BorrowedFd<'_>,
+        name: &std::ffi::OsStr,
+        rel: &Path,
+        from: &Path,
+    ) -> Result<()> {
+        if commit_list_kind(from) == Some(ListKind::Reflog) {
+            return Ok(());
+        }
+        let new = super::sys::open_read_at(dir, name)
+            .ok()
+            .and_then(|f| super::hash::read_small(&f, 256 << 20));
+        let old = std::fs::read(self.cfg.workspace.join(rel)).unwrap_or_default();
+        let old: std::collections::HashSet<&[u8]> = old.split(|&b| b == b'\n').collect();
+        match new {
+            Some(new) if new.split(|&b| b == b'\n').all(|l| old.contains(l)) => Ok(()),
+            _ => Err(self.git_denial(
+                ident,
+                caller,
+                Operation::Rename,
+                rel,
+                format!("{} would hold reflog lines it does not hold now: git resolves `@{{n}}` and `-` through them", rel.display()),
+                "Let git keep its reflogs (`git reflog expire`, `git reflog delete`).",
+                "git: a reflog only grows by git's own lines",
+            )),
+        }
     }
 
     /// A todo list that runs commands, or a state file naming commits it may not.

@@ -119,6 +119,9 @@ fn exec_entry(r: &[std::borrow::Cow<'_, str>]) -> Option<&'static str> {
         "info" if r.get(1).is_some_and(|n| n.starts_with("attributes")) => {
             Some("info/attributes selects filter and diff drivers")
         }
+        "rr-cache" => Some(
+            "rr-cache/ holds rerere's recorded resolutions, which git writes into conflicted files",
+        ),
         "info" if r.get(1).is_some_and(|n| n.starts_with("grafts")) => {
             Some("info/grafts rewrites commits' parents: what git takes as already reachable")
         }

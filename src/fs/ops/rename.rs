@@ -137,7 +137,7 @@ impl Fs {
                         );
                         return Err(self.gate.deny(ident, caller, d));
                     }
-                    self.check_todo_entry(ident, caller, dfd.as_fd(), name, &n)?;
+                    self.check_todo_entry(ident, caller, dfd.as_fd(), name, &n, &o)?;
                     if crate::policy::git::loose_object_id(&n).is_some() {
                         let f = sys::open_read_at(dfd.as_fd(), name).ok();
                         self.check_loose_object(ident, caller, f.as_ref(), &n)?;
@@ -398,7 +398,7 @@ impl Fs {
                 let f = sys::open_read_at(r.pfd.as_fd(), r.name).ok();
                 self.check_loose_object(&ident, caller, f.as_ref(), &r.to)?;
             }
-            self.check_todo_entry(&ident, caller, r.pfd.as_fd(), r.name, &r.to)?;
+            self.check_todo_entry(&ident, caller, r.pfd.as_fd(), r.name, &r.to, &r.from)?;
             // (Git makes no symlink in its directory: one renamed there — a fan-out directory
             // of objects, `rebase-merge` — would have git read what no check saw.)
             if crate::policy::git::in_git_dir(&r.to)
