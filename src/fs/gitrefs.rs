@@ -241,11 +241,11 @@ impl Fs {
             caller,
             rel,
             &format!("{refname} cannot move to"),
-            &new,
+            &[&new],
         )
     }
 
-    /// Refuse when a commit `new` brings that no checked ref has changes a path outside
+    /// Refuse when a commit `news` bring that no local ref has changes a path outside
     /// `ident`'s scope (`refname`: the message's lead, what would bring the commit).
     fn check_new_commits(
         &self,
@@ -253,27 +253,24 @@ impl Fs {
         caller: &Caller,
         rel: &Path,
         refname: &str,
-        new: &str,
+        news: &[&str],
     ) -> Result<usize> {
         let Some(gitdir) = self.root_gitdir(rel) else {
             return Ok(0);
         };
-        // The commits no checked ref has: remote-tracking refs are not checked when they
-        // move (a fetch brings others' commits), so what only they reach counts as new
-        // (else a commit parked on `refs/remotes/…` first would pass unchecked).
-        let list = git(
-            &gitdir,
-            &[
-                "rev-list",
-                new,
-                "--not",
-                "--exclude=refs/remotes/*",
-                "--all",
-            ],
-        );
-        let Some(list) = list else {
+        if news.is_empty() {
+            return Ok(0);
+        }
+        // The commits no local ref has (one `rev-list` for all of `news`): what only
+        // remote-tracking refs reach counts as new, since those that predate the mount (a
+        // human's fetch) were never checked.
+        let mut args = vec!["rev-list"];
+        args.extend_from_slice(news);
+        args.extend(["--not", "--exclude=refs/remotes/*", "--all"]);
+        let Some(list) = git(&gitdir, &args) else {
             tracing::warn!(
-                "git rev-list {new}: git could not read the repository; commit not checked"
+                ?news,
+                "git rev-list: git could not read the repository; commits not checked"
             );
             return Ok(0);
         };
@@ -511,7 +508,6 @@ pub fn named_objects(
     // the rebase already done (`known_labels`); git finds them as `refs/rewritten/<label>`.
     let mut labels: Vec<&str> = vec!["onto", "[new root]"];
     labels.extend(known_labels.iter().map(String::as_str));
-    let full = |w: &str| matches!(w.len(), 40 | 64) && w.bytes().all(|b| b.is_ascii_hexdigit());
     match kind {
         ListKind::Todo => {
             // Labels the list makes itself may be reset to or merged.
@@ -576,7 +572,7 @@ pub fn named_objects(
         }
         ListKind::Ids => {
             for l in lines.iter().map(|l| l.trim()).filter(|l| !l.is_empty()) {
-                if !full(l) {
+                if !is_oid(l) {
                     return Err(l.to_string());
                 }
                 ids.push(l.to_string());
@@ -584,7 +580,7 @@ pub fn named_objects(
         }
         ListKind::UpdateRefs => {
             for l in lines.iter().map(|l| l.trim()).filter(|l| !l.is_empty()) {
-                if full(l) {
+                if is_oid(l) {
                     ids.push(l.to_string());
                 } else if !l.starts_with("refs/") {
                     return Err(l.to_string());
@@ -593,7 +589,7 @@ pub fn named_objects(
         }
         ListKind::BranchOrId => {
             for l in lines.iter().map(|l| l.trim()).filter(|l| !l.is_empty()) {
-                if full(l) {
+                if is_oid(l) {
                     ids.push(l.to_string());
                 } else if !label_word(l, &[]) {
                     return Err(l.to_string());
@@ -623,7 +619,7 @@ pub fn named_objects(
             for l in lines.iter().filter(|l| !l.trim().is_empty()) {
                 let mut w = l.split(' ');
                 let (old, new) = (w.next().unwrap_or(""), w.next().unwrap_or(""));
-                if !full(old) || !full(new) {
+                if !is_oid(old) || !is_oid(new) {
                     return Err(l.to_string());
                 }
                 ids.push(old.to_string());
@@ -808,11 +804,12 @@ impl Fs {
         rel: &Path,
         from: &Path,
     ) -> Result<()> {
-        if !is_commit_list(rel) {
-            return Ok(());
-        }
-        if commit_list_kind(rel) == Some(ListKind::Reflog) {
-            return self.check_reflog_arrival(ident, caller, dir, name, rel, from);
+        match commit_list_kind(rel) {
+            None => return Ok(()),
+            Some(ListKind::Reflog) => {
+                return self.check_reflog_arrival(ident, caller, dir, name, rel, from)
+            }
+            Some(_) => {}
         }
         let st = super::sys::stat_at(dir, name)?;
         let text = match st.st_mode & libc::S_IFMT {
@@ -826,6 +823,23 @@ impl Fs {
             return Err(self.todo_denial(ident, caller, rel));
         };
         self.check_state_file(ident, caller, rel, &text, true)
+    }
+
+    /// Whether `node`, about to become a ref, a git state file or an object, has no write
+    /// handle open (any identity's) — after waiting up to 200 ms: git closes its lock or
+    /// temporary file before renaming or linking it, and the kernel's release of that
+    /// handle may come a moment later (`--record async`: the release the recorder queued
+    /// comes first). Writes through a handle kept open would change the file unchecked.
+    pub(crate) fn writers_gone(&self, node: &super::inode::Node) -> bool {
+        self.settled(node);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+        while node.open_file_handles().iter().any(|h| h.writable) {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        true
     }
 
     /// A `PROTECTED_PATH` refusal about git's internals, quoting `rule`.
@@ -978,16 +992,15 @@ impl Fs {
             return Ok(());
         };
         let refuse = |why: String| {
-            let d = Denial::new(
-                Code::ProtectedPath,
+            self.git_denial(
+                ident,
+                caller,
                 Operation::Write,
                 rel,
-                ident.intent().as_deref(),
                 format!("{}: {why}", rel.display()),
-                "Let git write its own state (rebase, merge, cherry-pick, stash); name commits by their ids.".into(),
+                "Let git write its own state (rebase, merge, cherry-pick, stash); name commits by their ids.",
+                "git: state files name existing commits by id",
             )
-            .with_rule(Some("git: state files name existing commits by id".into()));
-            self.gate.deny(ident, caller, d)
         };
         // (The labels the rebase's finished steps made: a `reset` or `merge` still to come
         // may name them.)
@@ -1020,13 +1033,11 @@ impl Fs {
         ) else {
             return Err(refuse("git could not read the commits it names".into()));
         };
-        let what = format!("{} would have git apply", rel.display());
         let answers: Vec<&str> = found.lines().collect();
+        let mut commits = Vec::with_capacity(ids.len());
         for (id, a) in ids.iter().zip(answers.iter().chain(std::iter::repeat(&""))) {
             match a.split_once(' ') {
-                Some((oid, "commit")) if is_oid(oid) => {
-                    self.check_new_commits(ident, caller, rel, &what, oid)?;
-                }
+                Some((oid, "commit")) if is_oid(oid) => commits.push(oid),
                 _ => {
                     return Err(refuse(format!(
                         "{id} is not a commit in this repository (yet)"
@@ -1034,7 +1045,9 @@ impl Fs {
                 }
             }
         }
-        Ok(())
+        let what = format!("{} would have git apply", rel.display());
+        self.check_new_commits(ident, caller, rel, &what, &commits)
+            .map(drop)
     }
 
     /// Before a write through a handle of a rebase todo list: refuse when the file, with

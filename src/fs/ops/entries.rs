@@ -203,24 +203,14 @@ impl Fs {
         // object's name, where it is refused.)
         let mut _object_lock = Vec::new();
         if crate::policy::git::loose_object_id(&rel).is_some() {
-            let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
-            self.settled(&node);
-            let open = || node.open_file_handles().iter().any(|h| h.writable);
-            while open() {
-                if std::time::Instant::now() >= deadline {
-                    return Err(self.still_open_denial(
-                        &ident,
-                        caller,
-                        Operation::Link,
-                        &from,
-                        &rel,
-                    ));
-                }
-                std::thread::sleep(std::time::Duration::from_millis(2));
+            let still_open =
+                || self.still_open_denial(&ident, caller, Operation::Link, &from, &rel);
+            if !self.writers_gone(&node) {
+                return Err(still_open());
             }
             _object_lock = self.table.stale_locks(&[(node.dev, node.ino)]);
-            if open() {
-                return Err(self.still_open_denial(&ident, caller, Operation::Link, &from, &rel));
+            if node.open_file_handles().iter().any(|h| h.writable) {
+                return Err(still_open());
             }
             let f = self
                 .fd(&node)
@@ -230,20 +220,19 @@ impl Fs {
         }
         let git = crate::policy::git::in_git_dir;
         if let Some(other) = names.iter().find(|n| git(n) != git(&rel)) {
-            let d = crate::guard::Denial::new(
-                crate::guard::Code::ProtectedPath,
+            return Err(self.git_denial(
+                &ident,
+                caller,
                 Operation::Link,
                 &rel,
-                ident.intent().as_deref(),
                 format!(
                     "{} and {} would be one file, one name inside git's internals and one in the worktree: its changes through the first would not be on record",
                     rel.display(),
                     other.display()
                 ),
-                "Copy the file instead of linking it (`cp`).".into(),
-            )
-            .with_rule(Some("git: no hard link between git's internals and the worktree".into()));
-            return Err(self.gate.deny(&ident, caller, d));
+                "Copy the file instead of linking it (`cp`).",
+                "git: no hard link between git's internals and the worktree",
+            ));
         }
         let fd = self.fd(&node)?;
         let npfd = self.fd(&np)?;

@@ -344,27 +344,18 @@ impl Fs {
             r.to.parent().unwrap_or(Path::new("")),
             r.newname,
         )?;
-        // A file becoming a ref or a rebase todo list, whose content is checked as it
-        // arrives, must not stay open for writing: writes through that handle would change
-        // it unchecked. (Git closes its lock file before renaming it; the kernel's release
-        // of that handle may come a moment after the rename: it is waited for.)
+        // A file becoming a ref, a git state file or an object, whose content is checked as
+        // it arrives, must not stay open for writing (see `Fs::writers_gone`).
         if !r.src_dir && checked_name(&r.to) {
-            // (`--record async`: a release the recorder has queued comes first.)
-            if let Some(n) = self.table.by_backing(r.src.st_dev, r.src.st_ino) {
-                self.settled(&n);
-            }
-            let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
-            while self.open_for_writing(&r.src) {
-                if std::time::Instant::now() >= deadline {
-                    return Err(self.still_open_denial(
-                        &ident,
-                        caller,
-                        Operation::Rename,
-                        &r.from,
-                        &r.to,
-                    ));
-                }
-                std::thread::sleep(std::time::Duration::from_millis(2));
+            let node = self.table.by_backing(r.src.st_dev, r.src.st_ino);
+            if node.is_some_and(|n| !self.writers_gone(&n)) {
+                return Err(self.still_open_denial(
+                    &ident,
+                    caller,
+                    Operation::Rename,
+                    &r.from,
+                    &r.to,
+                ));
             }
         }
         // Git never replaces a pack or an index git trusts that exists (new ones get new,
@@ -414,21 +405,19 @@ impl Fs {
             && crate::policy::git::in_git_dir(&r.from)
             && !crate::policy::git::in_git_dir(&r.to)
         {
-            let d = crate::guard::Denial::new(
-                crate::guard::Code::ProtectedPath,
+            return Err(self.git_denial(
+                &ident,
+                caller,
                 Operation::Rename,
                 &r.from,
-                ident.intent().as_deref(),
                 format!(
                     "{} is a directory inside git's internals: it cannot move out into the worktree ({})",
                     r.from.display(),
                     r.to.display()
                 ),
-                "Make new directories in the worktree and write the files there; git's internals stay in .git."
-                    .into(),
-            )
-            .with_rule(Some("git: directories do not move out of a git directory".into()));
-            return Err(self.gate.deny(&ident, caller, d));
+                "Make new directories in the worktree and write the files there; git's internals stay in .git.",
+                "git: directories do not move out of a git directory",
+            ));
         }
         if r.src_dir {
             // Hold a counted reference while walking, released right after.
