@@ -313,6 +313,49 @@ fn a_writer_outside_the_mount_is_named_at_release_and_own_children_are_not() {
     assert!(outsider.wait().unwrap().success());
 }
 
+/// `--record async` hashes a close after its reply, while the agent may already be writing
+/// again through the same passthrough handle (each `echo >&3` of a shell closes a duplicate
+/// of the descriptor: a flush, an entry owed). What the daemon takes as recorded is what it
+/// hashed, so a write landing during the hash is the next entry's: the agent's last line is
+/// on record and its next open of its own file is not taken for a stale one. (Seen: the
+/// stamp was read after the hash, the last line was never recorded, and the agent's next
+/// `>>` of the file was refused STALE_FILE, about once in 20 such rounds.)
+#[test]
+fn a_write_landing_while_a_close_is_hashed_is_the_next_entrys() {
+    let tm = TestMount::builder()
+        .policy(ALL_AND_DOCS)
+        .intent("ALL")
+        .arg("--data")
+        .arg("passthrough")
+        .arg("--record")
+        .arg("async")
+        .files(&[("docs/r.md", "start\n")])
+        .mount();
+    let out = tm.sh(
+        "i=0; while [ $i -lt 60 ]; do \
+           exec 3>>docs/r.md; echo a$i >&3; (echo child >&3); echo b$i >&3; exec 3>&-; \
+           echo z$i >> docs/r.md || { echo \"round $i refused\" >&2; exit 1; }; \
+           i=$((i+1)); done",
+    );
+    assert!(
+        out.status.success(),
+        "the agent's open of its own file was refused: {}\nlast_error: {:#}",
+        String::from_utf8_lossy(&out.stderr),
+        tm.last_error()
+    );
+    tm.settle();
+    let on_disk = sha(&tm.ws_bytes("docs/r.md"));
+    let last = entries(&tm, "WRITE", "docs/r.md").pop().expect("no WRITE");
+    assert_eq!(
+        last["content_hash"], on_disk.as_str(),
+        "the last WRITE does not hold the file's content: {last:#}"
+    );
+    assert!(
+        tm.ledger().iter().all(|e| e["mutation_type"] != "DENIAL"),
+        "a denial of the agent's own writes"
+    );
+}
+
 #[test]
 fn staleness_and_scope_are_decided_at_open() {
     let tm = mount(&[("docs/s.md", "v1\n"), ("src/lib.rs", "fn a() {}\n")]);

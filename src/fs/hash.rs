@@ -60,23 +60,33 @@ impl HashCache {
 
     /// The hash of `file`'s content (read with `pread`, so its offset is untouched). Cached
     /// when the stamp did not change while hashing.
+    ///
+    /// The stamp returned is never newer than the bytes hashed: a file written while it
+    /// is read is read again (twice at most), and if it never holds still the stamp from
+    /// before the last read is returned, so whoever compares it with the file later sees
+    /// a change and hashes again. (A stamp from after the read would vouch for bytes the
+    /// hash never saw: a passthrough write landing while `--record async` hashed a close
+    /// was taken as recorded, and its agent's next open of the file as stale.)
     pub fn hash(&self, file: &File) -> io::Result<([u8; 32], Stamp)> {
-        let before = stamp_of(&sys::stat_fd(file.as_fd())?);
-        if let Some(h) = self.cached(&before) {
-            return Ok((h, before));
-        }
-        let (h, n) = hash_stream(file)?;
-        self.hashed.fetch_add(1, Ordering::Relaxed);
-        self.bytes.fetch_add(n, Ordering::Relaxed);
-        let after = stamp_of(&sys::stat_fd(file.as_fd())?);
-        if after == before {
-            let mut m = self.map.lock();
-            if m.len() >= MAX_ENTRIES {
-                m.clear();
+        let mut tries = 0;
+        loop {
+            let before = stamp_of(&sys::stat_fd(file.as_fd())?);
+            if let Some(h) = self.cached(&before) {
+                return Ok((h, before));
             }
-            m.insert((after.dev, after.ino), (after, h));
+            let (h, n) = hash_stream(file)?;
+            self.hashed.fetch_add(1, Ordering::Relaxed);
+            self.bytes.fetch_add(n, Ordering::Relaxed);
+            let after = stamp_of(&sys::stat_fd(file.as_fd())?);
+            if after == before {
+                self.insert(after, h);
+                return Ok((h, after));
+            }
+            tries += 1;
+            if tries == 3 {
+                return Ok((h, before));
+            }
         }
-        Ok((h, after))
     }
 
     /// The file is gone (its last name removed): its entry would only take room until the

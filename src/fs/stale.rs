@@ -971,12 +971,16 @@ impl Fs {
         }
         // (Through the handle's own file when the node's handle is gone: a file renamed
         // over and forgotten by the kernel before a `--record async` close is recorded.)
+        let mut hashed_at = None;
         let reopened = self
             .fd(&h.node)
             .ok()
             .and_then(|fd| sys::reopen_quiet(self.proc_fd.as_fd(), fd.as_fd()).ok())
             .or_else(|| sys::reopen_quiet(self.proc_fd.as_fd(), h.file.as_fd()).ok());
         if let Some(f) = reopened {
+            // (The stamp is taken before the bytes are read, and kept only if the file
+            // held still: see [`hash::HashCache::hash`].)
+            let before = sys::stat_fd(f.as_fd()).ok().map(|s| stamp_of(&s));
             let small = if untracked(&rel) {
                 None
             } else {
@@ -984,7 +988,8 @@ impl Fs {
             };
             let result = match small {
                 Some(bytes) => {
-                    let before = sys::stat_fd(f.as_fd()).ok().map(|s| stamp_of(&s));
+                    let after = sys::stat_fd(f.as_fd()).ok().map(|s| stamp_of(&s));
+                    let before = before.filter(|_| after == before);
                     let pre = h
                         .write_state()
                         .and_then(|mut w| w.pre_image.replace(bytes.clone()))
@@ -1025,6 +1030,7 @@ impl Fs {
                         .or_else(|| self.hashes.hash(&f).ok()),
                 },
             };
+            hashed_at = result.map(|(_, s)| s);
             if let Some((h32, stamp)) = result {
                 draft.content_hash = Some(hash::to_string(&h32));
                 draft.size = Some(stamp.size);
@@ -1052,8 +1058,13 @@ impl Fs {
         if let Some(mut w) = h.write_state() {
             with_token(&mut draft, &w);
             if w.pt {
-                // The next flush records only if the file changes again.
-                w.expected = sys::stat_fd(h.file.as_fd()).ok().map(|st| race_stamp(&st));
+                // The next flush records only if the file changes again: from what was
+                // hashed, not from a stat now (with `--record async` the agent may have
+                // written again since; that write is the next entry's).
+                w.expected = match hashed_at {
+                    Some(s) => Some(Stamp { ctime: (0, 0), ..s }),
+                    None => sys::stat_fd(h.file.as_fd()).ok().map(|st| race_stamp(&st)),
+                };
             }
         }
         draft.agent = close_agent;
