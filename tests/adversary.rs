@@ -2137,3 +2137,94 @@ fn temporaries_are_not_a_way_to_plant_configuration() {
         assert!(!l.ws.join(p).exists(), "{p}");
     }
 }
+
+/// `git branch -m` and `git branch -d` rewrite git's configuration through `config.lock`
+/// (even a branch without a section of its own): putting it into place is allowed when the
+/// new configuration only renames or removes `[branch "…"]` sections, so an agent's branch
+/// commands work. Anything else written there is refused and never reaches `.git/config`:
+/// a key added, a section renamed together with a value changed, a hard link making the
+/// lock another name of the configuration, a descriptor kept open on the lock. The human's
+/// git then reads only the human's settings.
+#[test]
+fn git_branch_m_and_d_rewrite_the_config_and_nothing_else_does() {
+    let Some(l) = layout() else { return };
+    let git = |args: &str| git_in(&l, args);
+    git("branch side");
+    git("config branch.side.remote origin");
+    git("config branch.side.merge refs/heads/side");
+    ok(
+        sh_in(&l.ws, &format!("chown -R {AGENT_UID}:{AGENT_UID} .git")),
+        "chown",
+    );
+    let _m = l.mount_env(MOUNT, &[]);
+    let marker = l.root.join("pwned-config");
+    let script = format!(
+        r#"
+        git branch -m side renamed; echo rename=$?
+        git branch tmp; echo made=$?
+        git branch -m tmp tmp2; echo rename2=$?
+        git branch -d tmp2 >/dev/null; echo delete=$?
+        {{ cat .git/config; printf '[core]\n\tfsmonitor = "touch {m}"\n'; }} > .git/config.lock; echo lockwrite=$?
+        mv .git/config.lock .git/config; echo planted=$?
+        rm -f .git/config.lock
+        sed 's/\[branch "renamed"\]/[branch "x"]/; s/remote = origin/remote = evil/' .git/config > .git/config.lock
+        mv .git/config.lock .git/config; echo mixed=$?
+        rm -f .git/config.lock
+        ln .git/config .git/config.lock; echo link=$?
+        rm -f .git/config.lock
+        ln .git/description .git/config.lock; echo link2=$?
+        rm -f .git/config.lock
+        cp .git/config .git/config.lock; exec 3>>.git/config.lock
+        mv .git/config.lock .git/config; echo open=$?
+        exec 3>&-; rm -f .git/config.lock
+        git config core.pager "touch {m}"; echo setting=$?
+        "#,
+        m = marker.display()
+    );
+    let (_, m, ctx) = evil(&l, &script);
+    for k in ["rename", "made", "rename2", "delete", "lockwrite"] {
+        assert_eq!(m[k], "0", "{k} failed\n{ctx}");
+    }
+    for k in ["planted", "mixed", "link", "link2", "open", "setting"] {
+        assert_ne!(m[k], "0", "{k} was allowed\n{ctx}");
+    }
+    let config = ws_text(&l, ".git/config");
+    assert!(
+        config.contains("[branch \"renamed\"]") && config.contains("remote = origin"),
+        "the branch's section did not move with it:\n{config}"
+    );
+    for bad in [
+        "[branch \"side\"]",
+        "fsmonitor",
+        "pager",
+        "evil",
+        "[branch \"x\"]",
+        "tmp",
+    ] {
+        assert!(!config.contains(bad), "{bad} in .git/config:\n{config}");
+    }
+    assert!(git("branch --list").contains("renamed"));
+    // The human's git reads the configuration and runs nothing of the agent's.
+    git("status");
+    git("log -1");
+    assert!(!marker.exists(), "the human's git ran the agent's command");
+    let refused: Vec<Value> = by_uid(&l, AGENT_UID)
+        .into_iter()
+        .filter(|e| e["mutation_type"] == "DENIAL" && e["path"] == ".git/config")
+        .collect();
+    assert!(
+        refused.len() >= 3,
+        "the refused swaps are not on record: {refused:#?}\n{ctx}"
+    );
+    assert!(
+        protected_denials(&l)
+            .iter()
+            .any(|p| p == ".git/config.lock"),
+        "the hard link is not on record: {:#?}\n{ctx}",
+        by_uid(&l, AGENT_UID)
+            .into_iter()
+            .filter(|e| e["mutation_type"] == "DENIAL")
+            .map(|e| format!("{} {} {}", e["path"], e["code"], e["detail"]["op"]))
+            .collect::<Vec<_>>()
+    );
+}

@@ -331,12 +331,10 @@ fn a_write_landing_while_a_close_is_hashed_is_the_next_entrys() {
         .arg("async")
         .files(&[("docs/r.md", "start\n")])
         .mount();
-    let out = tm.sh(
-        "i=0; while [ $i -lt 60 ]; do \
+    let out = tm.sh("i=0; while [ $i -lt 60 ]; do \
            exec 3>>docs/r.md; echo a$i >&3; (echo child >&3); echo b$i >&3; exec 3>&-; \
            echo z$i >> docs/r.md || { echo \"round $i refused\" >&2; exit 1; }; \
-           i=$((i+1)); done",
-    );
+           i=$((i+1)); done");
     assert!(
         out.status.success(),
         "the agent's open of its own file was refused: {}\nlast_error: {:#}",
@@ -347,7 +345,8 @@ fn a_write_landing_while_a_close_is_hashed_is_the_next_entrys() {
     let on_disk = sha(&tm.ws_bytes("docs/r.md"));
     let last = entries(&tm, "WRITE", "docs/r.md").pop().expect("no WRITE");
     assert_eq!(
-        last["content_hash"], on_disk.as_str(),
+        last["content_hash"],
+        on_disk.as_str(),
         "the last WRITE does not hold the file's content: {last:#}"
     );
     assert!(

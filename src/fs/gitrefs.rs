@@ -866,6 +866,68 @@ impl Fs {
         self.gate.deny(ident, caller, d)
     }
 
+    /// May `from` (`<git dir>/config.lock`, `name` in `dir`) be renamed onto `to`, the git
+    /// directory's `config`? Only a regular file of one name, closed (see
+    /// [`Fs::writers_gone`]), holding the configuration now at `to` with `[branch "…"]`
+    /// sections renamed or removed and nothing else changed
+    /// ([`crate::policy::git::branch_sections_only`]): what `git branch -m` and `-d` write.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn check_config_swap(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        dir: std::os::fd::BorrowedFd<'_>,
+        name: &std::ffi::OsStr,
+        to_dir: std::os::fd::BorrowedFd<'_>,
+        src: &super::sys::Stat,
+        from: &Path,
+        to: &Path,
+    ) -> Result<()> {
+        let refuse = |why: String| {
+            self.git_denial(
+                ident,
+                caller,
+                Operation::Rename,
+                to,
+                why,
+                "Git's configuration changes through the mount only as `git branch -m` and `git branch -d` change it (a branch's section renamed or removed); ask the human for any other setting.",
+                "git: config changes only rename or remove [branch] sections",
+            )
+        };
+        if src.st_mode & libc::S_IFMT != libc::S_IFREG || src.st_nlink != 1 {
+            return Err(refuse(format!(
+                "{} is not a plain file of one name: it cannot become {}",
+                from.display(),
+                to.display()
+            )));
+        }
+        let node = self.table.by_backing(src.st_dev, src.st_ino);
+        if node.is_some_and(|n| !self.writers_gone(&n)) {
+            return Err(self.still_open_denial(ident, caller, Operation::Rename, from, to));
+        }
+        const LIMIT: u64 = 1 << 20;
+        let read = |d: std::os::fd::BorrowedFd<'_>, n: &std::ffi::OsStr| {
+            super::sys::open_read_at(d, n)
+                .ok()
+                .and_then(|f| super::hash::read_small(&f, LIMIT))
+        };
+        let Some(new) = read(dir, name) else {
+            return Err(refuse(format!(
+                "{} could not be read whole (over 1 MiB?): it cannot become {}",
+                from.display(),
+                to.display()
+            )));
+        };
+        let old = read(to_dir, std::ffi::OsStr::new("config")).unwrap_or_default();
+        if !crate::policy::git::branch_sections_only(&old, &new) {
+            return Err(refuse(format!(
+                "{} would change git's configuration beyond renaming or removing branch sections",
+                to.display()
+            )));
+        }
+        Ok(())
+    }
+
     /// The refusal of a file still open for writing that would become a ref, a git state
     /// file or an object (`to`): writes through that handle would change it unchecked.
     pub(crate) fn still_open_denial(

@@ -306,6 +306,18 @@ impl Guard {
                 ));
             }
         }
+        // `config.lock` is put onto `config` only as a file of one name (see
+        // `Fs::check_config_swap`): a hard link there would alias the configuration.
+        if op == Operation::Link && crate::policy::git::config_lock(rel) {
+            return Err(protected(
+                op,
+                rel,
+                intent,
+                format!("{} is where git writes its configuration: no other file may be linked there", show(rel)),
+                "Let git write its configuration (git branch -m, git branch -d); ask the human for any other setting.",
+                "git: config.lock holds only what git writes there".into(),
+            ));
+        }
         // Git makes no symlink in its own directory; one there (a fan-out directory of
         // objects, a state file) would have git read what no check saw.
         if op == Operation::Symlink && crate::policy::git::in_git_dir(rel) {

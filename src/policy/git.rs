@@ -11,6 +11,12 @@
 //! | path | why |
 //! |---|---|
 //! | `config`, `config.worktree`, `config.lock`, … (`config*`) | `core.fsmonitor`, `core.hooksPath`, `core.sshCommand`, aliases, filters, pagers, editors: all run programs |
+//!
+//! (One exception: `config.lock` directly in a repository's own `.git` may be written, as git
+//! writes its configuration through it, and renamed onto `config` only when what it holds is
+//! the configuration with `[branch "…"]` sections renamed or removed and nothing else
+//! changed — `git branch -m` and `git branch -d` — see [`config_lock`] and
+//! [`branch_sections_only`].)
 //! | `hooks/` | run at commit, checkout, merge, push |
 //! | `commondir`, `gitdir` | redirect git to another directory's config and hooks |
 //! | `info/attributes` | selects filter and diff drivers for paths |
@@ -49,11 +55,96 @@ pub fn in_git_dir(rel: &Path) -> bool {
     p.iter().rev().skip(1).any(|c| c == ".git")
 }
 
+/// Whether `rel` is `config.lock` directly in a repository's `.git` (the only `.git` in the
+/// path: not a submodule's or a worktree's git directory): git writes its configuration
+/// there and renames it onto `config`. Nobody reads it as configuration, so an agent may
+/// write it; the rename onto `config` is allowed only for [`branch_sections_only`] changes.
+pub fn config_lock(rel: &Path) -> bool {
+    if !mentions_git(rel) || rel.file_name().is_none_or(|n| n != "config.lock") {
+        return false;
+    }
+    let p = parts(rel);
+    p.len() >= 2 && p[p.len() - 2] == ".git" && p.iter().filter(|c| *c == ".git").count() == 1
+}
+
+/// Whether `new` is the git configuration `old` with some `[branch "NAME"]` sections renamed
+/// (to a plain branch name) or removed, and nothing else changed: what `git branch -m`
+/// (which rewrites the file even when the branch has no section) and `git branch -d` write.
+/// Every other line must be the same, in the same order: no key, value, include or section
+/// of any other kind can be added, changed or moved. Anything git's parser might read
+/// differently (a continued line, an old-style `[branch.name]`, an indented or commented
+/// header) is left as it is, so a change touching it is refused.
+pub fn branch_sections_only(old: &[u8], new: &[u8]) -> bool {
+    let old: Vec<&[u8]> = old.split(|&b| b == b'\n').collect();
+    let new: Vec<&[u8]> = new.split(|&b| b == b'\n').collect();
+    // A line that may start a section, whatever came before (a removed section ends there).
+    let opens = |l: &[u8]| l.trim_ascii_start().first() == Some(&b'[');
+    // A header git would read as one: not the continuation of a value.
+    let continued = |l: &[u8]| l.strip_suffix(b"\r").unwrap_or(l).last() == Some(&b'\\');
+    let (mut i, mut j) = (0, 0);
+    while i < old.len() {
+        let header = i == 0 || !continued(old[i - 1]);
+        if j < new.len() && old[i] == new[j] {
+            i += 1;
+            j += 1;
+            continue;
+        }
+        let Some((name, rest)) = header.then(|| branch_header(old[i])).flatten() else {
+            return false;
+        };
+        // Renamed: `[branch "NEW"]`, the rest of the line kept or dropped.
+        if let Some((to, to_rest)) = new.get(j).and_then(|l| branch_header(l)) {
+            if to != name && plain_branch(to) && (to_rest == rest || to_rest.is_empty()) {
+                i += 1;
+                j += 1;
+                continue;
+            }
+        }
+        // Removed: the header and every line up to the next one.
+        // (Not one ending in a continued line: git reads the next line as part of the
+        // removed section's last value, and removing it would give that line a meaning.)
+        i += 1;
+        while i < old.len() && !opens(old[i]) {
+            i += 1;
+        }
+        if i < old.len() && continued(old[i - 1]) {
+            return false;
+        }
+    }
+    j == new.len()
+}
+
+/// `[branch "NAME"]REST` at the start of a line: `(NAME, REST)`.
+fn branch_header(line: &[u8]) -> Option<(&[u8], &[u8])> {
+    let l = line.strip_prefix(b"[branch \"")?;
+    let end = memchr::memmem::find(l, b"\"]")?;
+    Some((&l[..end], &l[end + 2..]))
+}
+
+/// A branch name as `git branch` makes them, strictly: letters, digits and `._-/+@`, no
+/// `..`, `//` or `@{`, not starting with `-`, `.` or `/`, not ending with `/`, `.` or
+/// `.lock`. (Nothing a config parser could read as more than a name.)
+fn plain_branch(n: &[u8]) -> bool {
+    !n.is_empty()
+        && n.len() <= 255
+        && n.iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-/+@".contains(b))
+        && !matches!(n[0], b'-' | b'.' | b'/')
+        && !matches!(n[n.len() - 1], b'/' | b'.')
+        && !n.ends_with(b".lock")
+        && memchr::memmem::find(n, b"..").is_none()
+        && memchr::memmem::find(n, b"//").is_none()
+        && memchr::memmem::find(n, b"@{").is_none()
+}
+
 /// Why writing `rel` would let an agent change what git executes or where it reads its
 /// configuration (see the module doc), quoted as a rule; `None` when it would not.
 /// `is_dir`: the entry is (or is made as) a directory.
 pub fn exec_rule(rel: &Path, is_dir: bool) -> Option<String> {
     if !mentions_git(rel) {
+        return None;
+    }
+    if !is_dir && config_lock(rel) {
         return None;
     }
     let p = parts(rel);
@@ -281,8 +372,12 @@ mod tests {
     fn what_git_executes_is_protected_in_every_git_directory() {
         for p in [
             ".git/config",
-            ".git/config.lock",
             ".git/config.worktree",
+            ".git/config.lock.lock",
+            ".git/modules/sub/config.lock",
+            ".git/modules/sub/.git/config.lock",
+            ".git/worktrees/wt/config.lock",
+            "sub/.git/modules/x/config.lock",
             ".git/commondir",
             ".git/hooks/pre-commit",
             ".git/hooks",
@@ -305,6 +400,8 @@ mod tests {
         }
         for p in [
             ".git/HEAD",
+            ".git/config.lock",
+            "vendor/lib/.git/config.lock",
             ".git/index",
             ".git/index.lock",
             ".git/COMMIT_EDITMSG",
@@ -330,6 +427,55 @@ mod tests {
         }
         // A directory named .git may be made (git init, a nested repository); a file not.
         assert!(exec_rule(Path::new("sub/.git"), true).is_none());
+        // config.lock is a file git writes; a directory there only stops git's writes.
+        assert!(exec_rule(Path::new(".git/config.lock"), true).is_some());
+    }
+
+    #[test]
+    fn a_config_may_only_have_branch_sections_renamed_or_removed() {
+        let old = b"[core]\n\tbare = false\n[branch \"master\"]\n\tremote = origin\n\tmerge = refs/heads/master\n[remote \"origin\"]\n\turl = /x\n";
+        let ok = |new: &[u8]| branch_sections_only(old, new);
+        // git branch -m without a section, or any rewrite of the same bytes.
+        assert!(ok(old));
+        // git branch -m master main.
+        assert!(ok(b"[core]\n\tbare = false\n[branch \"main\"]\n\tremote = origin\n\tmerge = refs/heads/master\n[remote \"origin\"]\n\turl = /x\n"));
+        // git branch -d master.
+        assert!(ok(
+            b"[core]\n\tbare = false\n[remote \"origin\"]\n\turl = /x\n"
+        ));
+        // Anything else: a key added, changed or moved, a section of another kind renamed
+        // or removed, a name git would read as more than a name.
+        for bad in [
+            &b"[core]\n\tbare = false\n\tfsmonitor = /tmp/x\n[branch \"master\"]\n\tremote = origin\n\tmerge = refs/heads/master\n[remote \"origin\"]\n\turl = /x\n"[..],
+            b"[core]\n\tbare = false\n[branch \"main\"]\n\tremote = evil\n\tmerge = refs/heads/master\n[remote \"origin\"]\n\turl = /x\n",
+            b"[core]\n\tbare = false\n[branch \"master\"]\n\tremote = origin\n\tmerge = refs/heads/master\n",
+            b"[core]\n\tbare = false\n[branch \"master\"]\n\tremote = origin\n\tmerge = refs/heads/master\n[remote \"origin\"]\n\turl = /x\n[alias]\n\tst = !sh\n",
+            b"[core]\n\tbare = false\n[branch \"ma\\\"ster\"]\n\tremote = origin\n\tmerge = refs/heads/master\n[remote \"origin\"]\n\turl = /x\n",
+            b"[core]\n\tbare = false\n[branch \"main\"] editor = vi\n\tremote = origin\n\tmerge = refs/heads/master\n[remote \"origin\"]\n\turl = /x\n",
+            b"[core]\n\tbare = false\n[branch \"master\"]\n\tremote = origin\n\tmerge = refs/heads/master\n[remote \"origin\"]\n\turl = /x\n[branch \"x\"]\n",
+            b"[branch \"master\"]\n\tremote = origin\n\tmerge = refs/heads/master\n[remote \"origin\"]\n\turl = /x\n",
+            b"",
+        ] {
+            assert!(!ok(bad), "{}", String::from_utf8_lossy(bad));
+        }
+        // A branch section's removal stops at the next line that may open a section: it
+        // cannot swallow what follows, nor end in a continued value (whose next line would
+        // then be read as a section of its own).
+        let old = b"[branch \"a\"]\n\tx = 1 \\\n[core]\n\tfsmonitor = /x\n";
+        assert!(!branch_sections_only(old, b""));
+        assert!(!branch_sections_only(old, b"[core]\n\tfsmonitor = /x\n"));
+        let old = b"[branch \"a\"]\n\tx = 1\n[core]\n\tfsmonitor = false\n";
+        assert!(branch_sections_only(old, b"[core]\n\tfsmonitor = false\n"));
+        // A header written as a continued value's next line is not renamed.
+        let old = b"[alias]\n\tx = !echo \\\n[branch \"a\"]\n";
+        assert!(!branch_sections_only(
+            old,
+            b"[alias]\n\tx = !echo \\\n[branch \"b\"]\n"
+        ));
+        assert!(config_lock(Path::new(".git/config.lock")));
+        assert!(!config_lock(Path::new(".git/modules/x/config.lock")));
+        assert!(!config_lock(Path::new(".git/x/.git/config.lock")));
+        assert!(!config_lock(Path::new("config.lock")));
     }
 
     #[test]

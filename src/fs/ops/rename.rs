@@ -333,7 +333,24 @@ impl Fs {
         } else {
             flags
         };
-        if !to_temp {
+        // `git branch -m` / `-d`: the configuration git wrote through its lock, put into
+        // place; `config` itself is protected, so this is the only way it changes.
+        let config_swap = !r.exchange
+            && !r.src_dir
+            && crate::policy::git::config_lock(&r.from)
+            && r.to == r.from.with_file_name("config");
+        if config_swap {
+            self.check_config_swap(
+                &ident,
+                caller,
+                r.pfd.as_fd(),
+                r.name,
+                r.npfd.as_fd(),
+                &r.src,
+                &r.from,
+                &r.to,
+            )?;
+        } else if !to_temp {
             self.authorize_as(&ident, caller, Operation::Rename, &r.to, r.src_dir)?;
         }
         self.check_git_layout(
