@@ -2228,3 +2228,81 @@ fn git_branch_m_and_d_rewrite_the_config_and_nothing_else_does() {
             .collect::<Vec<_>>()
     );
 }
+
+/// The race on `config.lock` an attack pass won within ten tries: a write handle opened on
+/// the lock right after the rename's check of it (and before its locks), or the lock
+/// rewritten and closed in that window, then written through once the file is
+/// `.git/config`. The rename judges the lock again under its locks, where no write handle
+/// can be set up: whatever the timing, `.git/config` holds only what git wrote.
+#[test]
+fn config_lock_races_do_not_reach_the_config() {
+    let Some(l) = layout() else { return };
+    ok(
+        sh_in(&l.ws, &format!("chown -R {AGENT_UID}:{AGENT_UID} .git")),
+        "chown",
+    );
+    // (No circuit breaker: every attempt is a real one, however many were refused.)
+    let args: Vec<&str> = MOUNT.iter().copied().chain(["--breaker", "0"]).collect();
+    let _m = l.mount_env(&args, &[]);
+    let script = r#"
+python3 - <<'PY'
+import os, threading, time, random
+LOCK, CFG = '.git/config.lock', '.git/config'
+PAYLOAD = b'[core]\n\tpager = "touch /tmp/intentfs-pwned-config; cat"\n'
+def spin(s):
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < s: pass
+won = renamed = 0
+for attempt in range(60):
+    good = open(CFG, 'rb').read()
+    try:
+        with open(LOCK, 'wb') as f: f.write(good)
+    except OSError:
+        continue
+    hold = attempt % 2 == 0
+    fd = os.open(LOCK, os.O_WRONLY) if hold else None
+    def ren():
+        global renamed
+        try: os.rename(LOCK, CFG); renamed += 1
+        except OSError: pass
+    t = threading.Thread(target=ren); t.start()
+    while t.is_alive():
+        spin(random.uniform(0.0002, 0.002))
+        try:
+            if hold:
+                # Close and reopen the lock: one handle set up after the rename's look.
+                os.close(fd); fd = None
+                spin(random.uniform(0, 0.0004))
+                fd = os.open(LOCK, os.O_WRONLY)
+                if os.fstat(fd).st_ino == os.stat(CFG).st_ino: break
+            else:
+                # Rewrite the lock and close it within the window.
+                with open(LOCK, 'r+b') as f: f.write(PAYLOAD + b'#' * max(0, len(good) - len(PAYLOAD)))
+        except OSError:
+            break
+    t.join()
+    if fd is not None:
+        try:
+            if os.fstat(fd).st_ino == os.stat(CFG).st_ino:
+                os.pwrite(fd, PAYLOAD, 0); won += 1
+        except OSError: pass
+        os.close(fd)
+    try: os.unlink(LOCK)
+    except OSError: pass
+print('won=%d' % won)
+print('renamed=%d' % renamed)
+PY
+echo done=$?
+"#;
+    let (_, m, ctx) = evil(&l, script);
+    assert_eq!(m["done"], "0", "{ctx}");
+    // (Renames of what git wrote did go through: the race was run, not refused outright.)
+    assert_ne!(m["renamed"], "0", "{ctx}");
+    let config = ws_text(&l, ".git/config");
+    assert!(
+        !config.contains("pager") && !config.contains('#'),
+        "the agent's bytes reached .git/config:\n{config}\n{ctx}"
+    );
+    git_in(&l, "status");
+    assert!(!Path::new("/tmp/intentfs-pwned-config").exists());
+}

@@ -871,8 +871,30 @@ impl Fs {
     /// [`Fs::writers_gone`]), holding the configuration now at `to` with `[branch "…"]`
     /// sections renamed or removed and nothing else changed
     /// ([`crate::policy::git::branch_sections_only`]): what `git branch -m` and `-d` write.
+    /// (The rename judges the content again under its locks, [`Fs::check_config_content`].)
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn check_config_swap(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        dir: std::os::fd::BorrowedFd<'_>,
+        name: &std::ffi::OsStr,
+        to_dir: std::os::fd::BorrowedFd<'_>,
+        src: &super::sys::Stat,
+        from: &Path,
+        to: &Path,
+    ) -> Result<()> {
+        let node = self.table.by_backing(src.st_dev, src.st_ino);
+        if node.is_some_and(|n| !self.writers_gone(&n)) {
+            return Err(self.still_open_denial(ident, caller, Operation::Rename, from, to));
+        }
+        self.check_config_content(ident, caller, dir, name, to_dir, src, from, to)
+    }
+
+    /// The content half of [`Fs::check_config_swap`]: `src` (the stat of `from`) a regular
+    /// file of one name, holding only `[branch]` section changes of `to`'s configuration.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn check_config_content(
         &self,
         ident: &Identity,
         caller: &Caller,
@@ -900,10 +922,6 @@ impl Fs {
                 from.display(),
                 to.display()
             )));
-        }
-        let node = self.table.by_backing(src.st_dev, src.st_ino);
-        if node.is_some_and(|n| !self.writers_gone(&n)) {
-            return Err(self.still_open_denial(ident, caller, Operation::Rename, from, to));
         }
         const LIMIT: u64 = 1 << 20;
         let read = |d: std::os::fd::BorrowedFd<'_>, n: &std::ffi::OsStr| {

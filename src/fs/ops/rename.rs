@@ -221,8 +221,24 @@ impl Fs {
             return Ok(None);
         }
         // (Opened for writing again since the look in `rename_authorize`: look again.)
-        if checked_name(&r.to) && !r.src_dir && self.open_for_writing(&r.src) {
+        if (checked_name(&r.to) || g.config_swap) && !r.src_dir && self.open_for_writing(&r.src) {
             return Ok(None);
+        }
+        // `git branch -m`'s configuration: judged again under the locks, where no write
+        // handle can be set up on it any more (one opened, written and closed since the look
+        // in `rename_authorize` would otherwise put what it wrote into `.git/config`).
+        if g.config_swap {
+            let Some(src) = now[0] else { return Ok(None) };
+            self.check_config_content(
+                &g.ident,
+                caller,
+                r.pfd.as_fd(),
+                name,
+                r.npfd.as_fd(),
+                &src,
+                &r.from,
+                &r.to,
+            )?;
         }
         // Stale checks: renaming a file away, and renaming over one (what `sed -i` and
         // editors do), both destroy a version the identity may not have seen.
@@ -467,6 +483,7 @@ impl Fs {
             }
         }
         Ok(RenameGrant {
+            config_swap,
             ident,
             from_temp,
             to_temp,
@@ -711,6 +728,8 @@ struct RenameReq<'a> {
 /// What authorizing a rename decided.
 struct RenameGrant {
     ident: Arc<Identity>,
+    /// `<git dir>/config.lock` onto `config` (see `Fs::check_config_swap`).
+    config_swap: bool,
     /// `from` is a temporary of the identity's.
     from_temp: bool,
     /// `to` is taken as a temporary (a free name, next to in-scope files).
