@@ -2306,3 +2306,60 @@ echo done=$?
     git_in(&l, "status");
     assert!(!Path::new("/tmp/intentfs-pwned-config").exists());
 }
+
+/// `git am` keeps the patches still to apply in `.git/rebase-apply/` (`0001`…, `patch`) and
+/// the options it gives `git apply` (`apply-opt`); the human's `git am --skip` or
+/// `--continue` applies the next one, as the human. A patch planted there that changes a
+/// file outside the agent's scope — written, renamed in, or a rename of an in-scope file
+/// to an out-of-scope name — and options that move where a patch lands are refused and on
+/// record; the agent's own `git am` of an in-scope patch works.
+#[test]
+fn patches_git_am_would_apply_change_only_paths_in_scope() {
+    let Some(l) = layout() else { return };
+    let _m = l.mount_env(MOUNT, &[]);
+    let patch = "From: a <a@x>\\nSubject: [PATCH] x\\n\\n---\\ndiff --git a/docs/index.md b/docs/index.md\\n--- a/docs/index.md\\n+++ b/docs/index.md\\n@@ -1 +1 @@\\n-# Docs\\n+pwned\\n";
+    let script = format!(
+        r#"
+        T=/tmp/intentfs-am-$$; mkdir -p $T
+        echo 'export const am = 1;' >> src/auth/session.ts
+        git commit -qam 'in scope' && git format-patch -q -1 -o $T && git reset -q --hard HEAD~1
+        git am -q $T/*.patch; echo am=$?
+        D=.git/rebase-apply; mkdir $D; echo 1 > $D/next; echo 2 > $D/last; : > $D/applying
+        git show HEAD --format='From: a <a@x>%nSubject: [PATCH] ok%n%n---' > $D/0001; echo first=$?
+        printf '{patch}' > $D/0002; echo planted=$?
+        printf '{patch}' > src/auth/p.patch; mv src/auth/p.patch $D/0002; echo moved=$?
+        printf 'diff --git a/src/auth/session.ts b/docs/new.md\nsimilarity index 100%%\nrename from src/auth/session.ts\nrename to docs/new.md\n' > $D/0002; echo renamed=$?
+        echo "'--directory=docs'" > $D/apply-opt; echo opt=$?
+        echo "'--whitespace=fix'" > $D/apply-opt; echo optok=$?
+        rm -rf $T
+        "#
+    );
+    let (_, m, ctx) = evil(&l, &script);
+    for k in ["am", "first", "optok"] {
+        assert_eq!(m[k], "0", "{k} failed\n{ctx}");
+    }
+    for k in ["planted", "moved", "renamed", "opt"] {
+        assert_ne!(m[k], "0", "{k} was allowed\n{ctx}");
+    }
+    assert!(ws_text(&l, "src/auth/session.ts").contains("am = 1"));
+    let patch2 = std::fs::read(l.ws.join(".git/rebase-apply/0002")).unwrap_or_default();
+    assert!(
+        !String::from_utf8_lossy(&patch2).contains("docs/"),
+        "a planted patch is there: {}",
+        String::from_utf8_lossy(&patch2)
+    );
+    // The human goes on with the am: nothing outside the agent's scope changes.
+    let _ = sh_in(&l.ws, "git -c safe.directory='*' am --skip >/dev/null 2>&1; git -c safe.directory='*' am --skip >/dev/null 2>&1");
+    assert_eq!(ws_text(&l, "docs/index.md"), "# Docs\n");
+    assert!(!l.ws.join("docs/new.md").exists());
+    let refused: Vec<Value> = by_uid(&l, AGENT_UID)
+        .into_iter()
+        .filter(|e| {
+            e["mutation_type"] == "DENIAL"
+                && e["path"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with(".git/rebase-apply/"))
+        })
+        .collect();
+    assert!(refused.len() >= 4, "{refused:#?}\n{ctx}");
+}

@@ -381,6 +381,105 @@ pub enum ListKind {
     Strategy,
     /// `sequencer/opts`, `strategy_opts`: no `subtree` option, built-in strategies only.
     Options,
+    /// `rebase-apply/0001`…, `rebase-apply/patch`: the patches `git am --continue` (and a
+    /// `rebase --apply`) applies to the worktree. They name no commit; every path they
+    /// change must be one the writer may change ([`patch_paths`]).
+    Patch,
+    /// `rebase-apply/apply-opt`: the options `git am` gives `git apply`. Only those that do
+    /// not move where a patch lands ([`apply_opts_ok`]: no `-p`, no `--directory`).
+    ApplyOpts,
+}
+
+/// The worktree paths a patch (a mail of `git am`'s, or a bare diff) changes, as `git
+/// apply -p1` reads them: the names in `diff --git a/X b/Y` lines, in `--- a/X` / `+++ b/Y`
+/// pairs, and in `rename`/`copy` `from`/`to` lines. Only complete lines (`complete`: the
+/// last one too). `Err(line)`: a name git may read differently than this does (quoted,
+/// or a `diff --git` line that does not split in two equal-looking halves) is not
+/// judged but refused.
+pub fn patch_paths(text: &[u8], complete: bool) -> std::result::Result<Vec<String>, String> {
+    let text = String::from_utf8_lossy(text);
+    let mut lines: Vec<&str> = text.split('\n').collect();
+    let last = lines.pop().unwrap_or("");
+    if complete && !last.is_empty() {
+        lines.push(last);
+    }
+    // `a/x`: the name with its first component stripped (`-p1`), or as it is for the lines
+    // that carry no prefix. A name git would quote (a `"` first) is not read here.
+    let name = |raw: &str, strip: bool| -> std::result::Result<Option<String>, String> {
+        // (`--- a/x\t2024-01-01 …`: a timestamp after a tab.)
+        let raw = raw.split('\t').next().unwrap_or("").trim_end_matches('\r');
+        if raw == "/dev/null" {
+            return Ok(None);
+        }
+        if raw.starts_with('"') || raw.is_empty() {
+            return Err(raw.to_string());
+        }
+        if !strip {
+            return Ok(Some(raw.to_string()));
+        }
+        match raw.split_once('/') {
+            Some((_, rest)) if !rest.is_empty() => Ok(Some(rest.to_string())),
+            _ => Err(raw.to_string()),
+        }
+    };
+    let mut paths = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let l = l.trim_end_matches('\r');
+        if let Some(rest) = l.strip_prefix("diff --git ") {
+            // `a/X b/X`: split where the two halves name the same path (a rename's halves
+            // differ, and its `rename from`/`to` lines name both).
+            let halves = rest
+                .match_indices(' ')
+                .map(|(k, _)| (&rest[..k], &rest[k + 1..]))
+                .filter(|(a, b)| a.split_once('/').map(|x| x.1) == b.split_once('/').map(|x| x.1))
+                .collect::<Vec<_>>();
+            match halves.as_slice() {
+                [(a, _)] => paths.extend(name(a, true)?),
+                [] if rest.starts_with('"') => return Err(l.to_string()),
+                // (A rename or copy: named by the lines below, which are checked.)
+                [] => {}
+                _ => return Err(l.to_string()),
+            }
+        } else if let Some(rest) = l.strip_prefix("--- ") {
+            // Only a `---` line followed by a `+++` line is a header (a mail's body may have
+            // a line that starts with `--- `).
+            if let Some(next) = lines.get(i + 1).and_then(|n| n.strip_prefix("+++ ")) {
+                paths.extend(name(rest, true)?);
+                paths.extend(name(next, true)?);
+            }
+        } else if let Some(rest) = ["rename from ", "rename to ", "copy from ", "copy to "]
+            .iter()
+            .find_map(|p| l.strip_prefix(p))
+        {
+            paths.extend(name(rest, false)?);
+        }
+    }
+    paths.sort();
+    paths.dedup();
+    Ok(paths)
+}
+
+/// Whether `apply-opt` (git's shell-quoted list of `git apply` options) holds only options
+/// that leave the patch's paths as they are: whitespace and context handling, `--reject`,
+/// `--include`/`--exclude` (which only narrow).
+pub fn apply_opts_ok(text: &[u8]) -> bool {
+    String::from_utf8_lossy(text)
+        .split_whitespace()
+        .map(|w| w.trim_matches('\''))
+        .all(|w| {
+            w.is_empty()
+                || [
+                    "--whitespace=",
+                    "--ignore-whitespace",
+                    "--ignore-space-change",
+                    "--reject",
+                    "--exclude=",
+                    "--include=",
+                ]
+                .iter()
+                .any(|o| w.starts_with(o))
+                || (w.starts_with("-C") && w[2..].bytes().all(|b| b.is_ascii_digit()))
+        })
 }
 
 /// Git's built-in merge strategies (any other name is a program git looks for on `PATH`).
@@ -431,6 +530,14 @@ pub fn commit_list_kind(rel: &Path) -> Option<ListKind> {
     }
     if (parent == "sequencer" && name == "opts") || (state && name == "strategy_opts") {
         return Some(ListKind::Options);
+    }
+    if parent == "rebase-apply"
+        && (name == "patch" || (name.len() >= 4 && name.bytes().all(|b| b.is_ascii_digit())))
+    {
+        return Some(ListKind::Patch);
+    }
+    if parent == "rebase-apply" && name == "apply-opt" {
+        return Some(ListKind::ApplyOpts);
     }
     if parent == ".git"
         && matches!(
@@ -615,6 +722,8 @@ pub fn named_objects(
                 }
             }
         }
+        // (Judged by `Fs::check_patch`.)
+        ListKind::Patch | ListKind::ApplyOpts => {}
         ListKind::Reflog => {
             for l in lines.iter().filter(|l| !l.trim().is_empty()) {
                 let mut w = l.split(' ');
@@ -1156,8 +1265,11 @@ impl Fs {
         text[offset as usize..end].copy_from_slice(data);
         // (Judged whole, its last line too: git writes such a file in one write, which
         // reaches the daemon in one request below the 1 MiB cap; a handle kept open with
-        // a line held back must not wait for a close that may never come.)
-        self.check_state_file(&h.identity, &h.caller, &rel, &text, true)
+        // a line held back must not wait for a close that may never come. Not a patch:
+        // `git mailsplit` writes a mail through stdio, in 4 KiB pieces that end
+        // mid-line, so its last line is judged at the close.)
+        let complete = commit_list_kind(&rel) != Some(ListKind::Patch);
+        self.check_state_file(&h.identity, &h.caller, &rel, &text, complete)
     }
 
     /// At the close of a handle of a git state file: the whole of what it leaves (its writes
@@ -1239,7 +1351,89 @@ impl Fs {
         if is_rebase_todo(rel) && todo_runs_commands(text) {
             return Err(self.todo_denial(ident, caller, rel));
         }
+        if matches!(
+            commit_list_kind(rel),
+            Some(ListKind::Patch | ListKind::ApplyOpts)
+        ) {
+            return self.check_patch(ident, caller, rel, text, complete);
+        }
         self.check_named_commits(ident, caller, rel, text, complete)
+    }
+
+    /// A patch `git am --continue` would apply (or the options it gives `git apply`): every
+    /// path it changes must be one the writer may change, since the human's git writes
+    /// them. (The workspace's own repository: its worktree is the workspace.)
+    fn check_patch(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        rel: &Path,
+        text: &[u8],
+        complete: bool,
+    ) -> Result<()> {
+        if self.root_gitdir(rel).is_none() {
+            return Ok(());
+        }
+        let refuse = |why: String| {
+            self.git_denial(
+                ident,
+                caller,
+                Operation::Write,
+                rel,
+                format!("{}: {why}", rel.display()),
+                "Let git write its own state: `git am` and `git rebase` split and apply patches themselves.",
+                "git: patches git applies change only paths in scope",
+            )
+        };
+        if commit_list_kind(rel) == Some(ListKind::ApplyOpts) {
+            if !apply_opts_ok(text) {
+                return Err(refuse(
+                    "options that move where a patch applies (-p, --directory) are not allowed"
+                        .into(),
+                ));
+            }
+            return Ok(());
+        }
+        let paths = patch_paths(text, complete).map_err(|l| {
+            refuse(format!(
+                "{l:?} is not a name this check can read as git does"
+            ))
+        })?;
+        let intent = ident.intent();
+        for p in &paths {
+            let path = Path::new(p);
+            if let Err(d) =
+                self.gate
+                    .guard
+                    .check_write(intent.as_deref(), Operation::Write, path, false)
+            {
+                if self.gate.temps.covers(&ident.key, path) {
+                    continue;
+                }
+                let denial = Denial::new(
+                    if d.code == Code::NoIntent {
+                        Code::NoIntent
+                    } else {
+                        Code::ScopeViolation
+                    },
+                    Operation::Write,
+                    rel,
+                    intent.as_deref(),
+                    format!(
+                        "{}: the patch changes {p}, which {}",
+                        rel.display(),
+                        d.message.trim_start_matches(p.as_str()).trim_start()
+                    ),
+                    format!(
+                        "Apply only patches that change files inside your scope. {}",
+                        d.remedy
+                    ),
+                )
+                .with_rule(d.rule);
+                return Err(self.gate.deny(ident, caller, denial));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -1291,6 +1485,60 @@ mod tests {
         let p = parse_packed(&t);
         assert_eq!(p.get("refs/heads/main"), Some(&"a".repeat(40)));
         assert_eq!(p.get("refs/heads/b"), Some(&"b".repeat(40)));
+    }
+
+    #[test]
+    fn patches_are_read_for_the_paths_git_apply_changes() {
+        let mail = b"From 1 Mon Sep 17 00:00:00 2001\nSubject: [PATCH] x\n\nbody\n--- not a header\n---\n a | 1 +\n\n\
+diff --git a/src/a.ts b/src/a.ts\nindex 1..2 100644\n--- a/src/a.ts\n+++ b/src/a.ts\n@@ -1 +1 @@\n-x\n+y\n\
+diff --git a/old name.ts b/new.ts\nsimilarity index 90%\nrename from old name.ts\nrename to new.ts\n\
+diff --git a/gone b/gone\ndeleted file mode 100644\n--- a/gone\n+++ /dev/null\n\
+diff --git a/bin b/bin\nGIT binary patch\n";
+        assert_eq!(
+            patch_paths(mail, true).unwrap(),
+            ["bin", "gone", "new.ts", "old name.ts", "src/a.ts"]
+        );
+        // A last line still being written is judged at the close.
+        assert_eq!(
+            patch_paths(b"rename from a\nrename to src/ou", false).unwrap(),
+            ["a"]
+        );
+        assert_eq!(
+            patch_paths(b"rename from a\nrename to src/out", true).unwrap(),
+            ["a", "src/out"]
+        );
+        // Names git quotes, or a header that does not split as git would, are refused.
+        assert!(patch_paths(b"diff --git \"a/x\\ty\" \"b/x\\ty\"\n", true).is_err());
+        assert!(patch_paths(b"--- \"a/x\"\n+++ \"b/x\"\n", true).is_err());
+        assert!(patch_paths(b"rename to \"x\"\n", true).is_err());
+        // (Split where the halves are equal, as git does.)
+        assert_eq!(
+            patch_paths(b"diff --git a/x b/x b/x b/x\n", true).unwrap(),
+            ["x b/x"]
+        );
+        assert!(apply_opts_ok(b"'--whitespace=fix' '-C1' '--reject'"));
+        assert!(apply_opts_ok(b""));
+        for bad in [
+            &b"'-p2'"[..],
+            b"'--directory=src/other'",
+            b"'--unsafe-paths'",
+            b"-p0",
+        ] {
+            assert!(!apply_opts_ok(bad), "{}", String::from_utf8_lossy(bad));
+        }
+        assert_eq!(
+            commit_list_kind(Path::new(".git/rebase-apply/0001")),
+            Some(ListKind::Patch)
+        );
+        assert_eq!(
+            commit_list_kind(Path::new(".git/rebase-apply/patch")),
+            Some(ListKind::Patch)
+        );
+        assert_eq!(
+            commit_list_kind(Path::new(".git/rebase-apply/apply-opt")),
+            Some(ListKind::ApplyOpts)
+        );
+        assert_eq!(commit_list_kind(Path::new(".git/rebase-apply/msg")), None);
     }
 
     #[test]

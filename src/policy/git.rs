@@ -295,6 +295,8 @@ pub fn unknown_git_file(rel: &Path) -> Option<String> {
                 | "gc.pid"
                 | "gc.log"
                 | "gitk.cache"
+                // `git rebase --apply`: the patches of the commits it replays.
+                | "rebased-patches"
         )
         || name.starts_with("index.")
         || name.starts_with("sharedindex.")
@@ -429,6 +431,21 @@ mod tests {
         assert!(exec_rule(Path::new("sub/.git"), true).is_none());
         // config.lock is a file git writes; a directory there only stops git's writes.
         assert!(exec_rule(Path::new(".git/config.lock"), true).is_some());
+    }
+
+    #[test]
+    fn only_files_git_keeps_at_the_top_of_its_directory() {
+        for ok in [
+            ".git/ORIG_HEAD",
+            ".git/index",
+            ".git/rebased-patches",
+            ".git/x.lock",
+        ] {
+            assert_eq!(unknown_git_file(Path::new(ok)), None, "{ok}");
+        }
+        for bad in [".git/feature", ".git/main", ".git/rebased"] {
+            assert!(unknown_git_file(Path::new(bad)).is_some(), "{bad}");
+        }
     }
 
     #[test]
