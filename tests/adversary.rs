@@ -2363,3 +2363,100 @@ fn patches_git_am_would_apply_change_only_paths_in_scope() {
         .collect();
     assert!(refused.len() >= 4, "{refused:#?}\n{ctx}");
 }
+
+/// With `--data passthrough` a shared mapping writes the backing file without the daemon
+/// and outlives the handle's release: a handle whose file is mapped keeps its lease until
+/// the mapping goes, and a file about to be trusted (here `config.lock` becoming
+/// `.git/config`) is not put into place while it does. The search for the mapping went from
+/// the processes the handle knew, at most 64: an attack pass closed the descriptor in 70
+/// short-lived children first, then kept the mapping in an orphaned grandchild, and wrote
+/// `core.fsmonitor` into `.git/config` through it after the rename. A closer the handle
+/// cannot keep track of now makes the search look at every process.
+#[test]
+fn a_mapping_hidden_from_the_handles_processes_does_not_reach_the_config() {
+    let Some(l) = layout() else { return };
+    ok(
+        sh_in(&l.ws, &format!("chown -R {AGENT_UID}:{AGENT_UID} .git")),
+        "chown",
+    );
+    let args: Vec<&str> = MOUNT
+        .iter()
+        .copied()
+        .chain(["--data", "passthrough"])
+        .collect();
+    let _m = l.mount_env(&args, &[]);
+    let script = format!(
+        r#"
+{PY} - <<'PY'
+import os, time, ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+PAY = b"[core]\n\tfsmonitor = touch /tmp/intentfs-pwned-map; false\n"
+new = open('.git/config', 'rb').read()
+fd = os.open('.git/config.lock', os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(fd, new)
+size = len(new)
+m = libc.mmap(None, 4096, 3, 1, fd, 0)
+for _ in range(70):
+    pid = os.fork()
+    if pid == 0:
+        os.close(fd); os._exit(0)
+    os.waitpid(pid, 0)
+r, w = os.pipe()
+c = os.fork()
+if c == 0:
+    if os.fork() == 0:
+        os.close(fd); os.close(r); os.write(w, b'x'); os.close(w)
+        deadline = time.time() + 3
+        while os.path.exists('.git/config.lock') and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        body = (PAY + b'#' * size)[:size - 1] + b'\n'
+        ctypes.memmove(m, body, size)
+        libc.msync(m, 4096, 4)
+        os._exit(0)
+    os._exit(0)
+os.waitpid(c, 0)
+os.close(w); os.read(r, 1)
+libc.munmap(m, 4096)
+os.close(fd)
+time.sleep(0.5)
+try:
+    os.rename('.git/config.lock', '.git/config'); print('renamed=0')
+except OSError as e:
+    print('renamed=%d' % e.errno)
+time.sleep(4)
+PY
+echo done=$?
+"#
+    );
+    // (Straight on the mount, not under `intentfs run`: the mount's default identity, whose
+    // processes no cgroup of the daemon's holds.)
+    let mut c = Command::new("setpriv");
+    c.args([
+        format!("--reuid={AGENT_UID}"),
+        format!("--regid={AGENT_UID}"),
+        "--clear-groups".into(),
+    ])
+    .args(["sh", "-c", &script])
+    .current_dir(&l.mnt);
+    let out = run_timeout(c, Duration::from_secs(60));
+    let m = markers(&out.stdout);
+    let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(m["done"], "0", "{ctx}");
+    let config = ws_text(&l, ".git/config");
+    assert!(
+        !config.contains("fsmonitor"),
+        "the mapping wrote .git/config (renamed={}):\n{config}\n{ctx}",
+        m["renamed"]
+    );
+    assert_ne!(
+        m["renamed"], "0",
+        "the mapped lock was put into place\n{ctx}"
+    );
+    git_in(&l, "status");
+    assert!(!Path::new("/tmp/intentfs-pwned-map").exists());
+}

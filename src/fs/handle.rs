@@ -113,6 +113,11 @@ pub struct WriteState {
     /// The processes (thread group ids) that opened the file through this handle: a
     /// write the watcher reports from one of them is the handle's own.
     pub writers: Vec<i32>,
+    /// A process closed a descriptor of the handle that `writers` does not hold (the list
+    /// was full, or the process is another identity's, handed the descriptor): a mapping
+    /// of the file may live on in a process no search from `writers` finds, so the search
+    /// at release looks at every process ([`crate::fs::Fs::pt_mappers`]).
+    pub closers_untracked: bool,
     /// Writes to the file while this handle was open by processes that are not its
     /// identity's (outside the mount: the kernel's passthrough writes never carry the
     /// daemon's pid, so the watcher tells them apart by process), recorded at release.
@@ -198,6 +203,7 @@ impl FileHandle {
                 } else {
                     Vec::new()
                 },
+                closers_untracked: false,
                 outside: Vec::new(),
                 unattributed: Vec::new(),
                 mapped: false,

@@ -739,14 +739,22 @@ impl Fs {
     /// descendants that map it.
     pub(crate) fn pt_mappers(&self, h: &FileHandle, also: &[u32]) -> Vec<u32> {
         // (A mapping through another, read-write, handle is that handle's to find.)
-        let Some(writers) = h
+        let Some((writers, untracked)) = h
             .write_state()
             .filter(|w| w.pt && w.rdwr)
-            .map(|w| w.writers.clone())
+            .map(|w| (w.writers.clone(), w.closers_untracked))
         else {
             return Vec::new();
         };
         let (ino, devs) = (h.node.ino, self.mapping_devs(&h.node));
+        if untracked {
+            // (Rare: a handle closed by more than 64 processes, or handed to another
+            // identity. Every process is looked at: hundreds of small reads.)
+            return all_pids()
+                .into_iter()
+                .filter(|&p| maps_shared(p, ino, &devs))
+                .collect();
+        }
         let mut seen = Vec::new();
         let mut found = Vec::new();
         let mut todo: Vec<u32> = writers.iter().map(|&p| p as u32).collect();
@@ -756,9 +764,16 @@ impl Fs {
         // stays in the identity's cgroup, or becomes a child of its `intentfs run` (found
         // open: forked after the close, `setsid`, parent gone, it wrote unrecorded).
         todo.extend(self.gate.ids.member_roots(&h.identity.key()));
-        // (A bound: a process tree of a few hundred is searched whole.)
+        // (A tree of more than 512 processes is not walked further: every process is
+        // looked at instead, as for untracked closers.)
         while let Some(pid) = todo.pop() {
-            if seen.contains(&pid) || seen.len() >= 512 {
+            if seen.len() >= 512 {
+                return all_pids()
+                    .into_iter()
+                    .filter(|&p| maps_shared(p, ino, &devs))
+                    .collect();
+            }
+            if seen.contains(&pid) {
                 continue;
             }
             seen.push(pid);
@@ -1272,6 +1287,17 @@ fn query_shared(maps: &std::fs::File, ino: u64, devs: &[u64]) -> Option<bool> {
 }
 
 /// The children of every thread of `pid` (`/proc/PID/task/TID/children`).
+/// Every process now (`/proc`'s numeric entries).
+fn all_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn proc_children(pid: u32) -> Vec<u32> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();

@@ -467,14 +467,21 @@ impl Fs {
         // had it (inherited): one of the handle's processes, where a mapping of the file
         // may live on after its opener exited (see `release`). (Not one of another
         // identity, handed the descriptor: its writes stay an outsider's.)
+        // A closer the handle cannot keep track of (the list is full, another identity's
+        // process) may keep a mapping no search from the handle's processes finds: the
+        // search at release then looks at every process.
         if h.write_state()
             .is_some_and(|w| w.pt && !w.writers.contains(&(caller.pid as i32)))
-            && self.gate.ids.resolve(caller.pid).key == h.identity.key
         {
+            let own = self.gate.ids.resolve(caller.pid).key == h.identity.key;
             let tgid = crate::guard::identity::tgid_of(caller.pid) as i32;
             if let Some(mut w) = h.write_state() {
-                if w.writers.len() < 64 && !w.writers.contains(&tgid) {
-                    w.writers.push(tgid);
+                if !w.writers.contains(&tgid) {
+                    if own && w.writers.len() < 64 {
+                        w.writers.push(tgid);
+                    } else {
+                        w.closers_untracked = true;
+                    }
                 }
             }
         }
