@@ -2460,3 +2460,87 @@ echo done=$?
     git_in(&l, "status");
     assert!(!Path::new("/tmp/intentfs-pwned-map").exists());
 }
+
+/// The same route for the mount's default identity (no `intentfs run`, no cgroup of its
+/// processes): a process maps `config.lock`, closes it (the release finds the mapping and
+/// the handle keeps its lease), then forks a child that calls `setsid` and exits at once,
+/// between two of the daemon's looks. The child is nobody's descendant; before the daemon
+/// takes the file as unmapped, it looks at every process. So the lock is not put into
+/// place while the child can still write it.
+#[test]
+fn a_mapping_handed_to_an_orphan_of_the_default_identity_does_not_reach_the_config() {
+    let Some(l) = layout() else { return };
+    ok(
+        sh_in(&l.ws, &format!("chown -R {AGENT_UID}:{AGENT_UID} .git")),
+        "chown",
+    );
+    let args: Vec<&str> = MOUNT
+        .iter()
+        .copied()
+        .chain(["--data", "passthrough"])
+        .collect();
+    let _m = l.mount_env(&args, &[]);
+    let script = format!(
+        r#"
+{PY} - <<'PY'
+import os, time, ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+PAY = b"[core]\n\tfsmonitor = touch /tmp/intentfs-pwned-orphan; false\n"
+new = open('.git/config', 'rb').read()
+size = len(new)
+p = os.fork()
+if p == 0:
+    fd = os.open('.git/config.lock', os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.write(fd, new)
+    m = libc.mmap(None, 4096, 3, 1, fd, 0)
+    os.close(fd)
+    time.sleep(0.3)
+    if os.fork() == 0:
+        os.setsid()
+        deadline = time.time() + 3
+        while os.path.exists('.git/config.lock') and time.time() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)
+        ctypes.memmove(m, (PAY + b'#' * size)[:size - 1] + b'\n', size)
+        libc.msync(m, 4096, 4)
+        os._exit(0)
+    os._exit(0)
+os.waitpid(p, 0)
+time.sleep(0.4)
+try:
+    os.rename('.git/config.lock', '.git/config'); print('renamed=0')
+except OSError as e:
+    print('renamed=%d' % e.errno)
+time.sleep(4)
+PY
+echo done=$?
+"#
+    );
+    let mut c = Command::new("setpriv");
+    c.args([
+        format!("--reuid={AGENT_UID}"),
+        format!("--regid={AGENT_UID}"),
+        "--clear-groups".into(),
+    ])
+    .args(["sh", "-c", &script])
+    .current_dir(&l.mnt);
+    let out = run_timeout(c, Duration::from_secs(60));
+    let m = markers(&out.stdout);
+    let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(m["done"], "0", "{ctx}");
+    let config = ws_text(&l, ".git/config");
+    assert!(
+        !config.contains("fsmonitor"),
+        "the orphan's mapping wrote .git/config (renamed={}):\n{config}\n{ctx}",
+        m["renamed"]
+    );
+    assert_ne!(
+        m["renamed"], "0",
+        "the mapped lock was put into place\n{ctx}"
+    );
+    git_in(&l, "status");
+    assert!(!Path::new("/tmp/intentfs-pwned-orphan").exists());
+}

@@ -763,7 +763,9 @@ impl Fs {
         // and whose parent exited between two looks is no one's descendant here, but it
         // stays in the identity's cgroup, or becomes a child of its `intentfs run` (found
         // open: forked after the close, `setsid`, parent gone, it wrote unrecorded).
-        todo.extend(self.gate.ids.member_roots(&h.identity.key()));
+        let roots = self.gate.ids.member_roots(&h.identity.key());
+        let no_roots = roots.is_empty();
+        todo.extend(roots);
         // (A tree of more than 512 processes is not walked further: every process is
         // looked at instead, as for untracked closers.)
         while let Some(pid) = todo.pop() {
@@ -781,6 +783,17 @@ impl Fs {
                 found.push(pid);
             }
             todo.extend(proc_children(pid));
+        }
+        // The mappers known before are gone and nothing of the tree maps the file: for an
+        // identity without a set of its processes (a mount's default identity: no cgroup,
+        // no `intentfs run`) a mapper may have forked and exited between two looks, its
+        // child nobody's descendant now. Before the file is taken as unmapped (and may be
+        // put into place as a ref or `.git/config`), every process is looked at.
+        if found.is_empty() && !also.is_empty() && no_roots {
+            return all_pids()
+                .into_iter()
+                .filter(|&p| maps_shared(p, ino, &devs))
+                .collect();
         }
         found
     }
