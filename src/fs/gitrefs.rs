@@ -414,13 +414,20 @@ pub fn patch_paths(text: &[u8], complete: bool) -> std::result::Result<Vec<Strin
         if raw.starts_with('"') || raw.is_empty() {
             return Err(raw.to_string());
         }
-        if !strip {
-            return Ok(Some(raw.to_string()));
+        let path = if strip {
+            match raw.split_once('/') {
+                Some((_, rest)) => rest,
+                None => return Err(raw.to_string()),
+            }
+        } else {
+            raw
+        };
+        // (A name git would not take as a worktree path — empty, absolute, `.` or `..` in
+        // it — is refused rather than judged: scope patterns match text.)
+        if path.is_empty() || path.split('/').any(|c| matches!(c, "" | "." | "..")) {
+            return Err(raw.to_string());
         }
-        match raw.split_once('/') {
-            Some((_, rest)) if !rest.is_empty() => Ok(Some(rest.to_string())),
-            _ => Err(raw.to_string()),
-        }
+        Ok(Some(path.to_string()))
     };
     let mut paths = Vec::new();
     for (i, l) in lines.iter().enumerate() {
@@ -1511,6 +1518,18 @@ diff --git a/bin b/bin\nGIT binary patch\n";
         assert!(patch_paths(b"diff --git \"a/x\\ty\" \"b/x\\ty\"\n", true).is_err());
         assert!(patch_paths(b"--- \"a/x\"\n+++ \"b/x\"\n", true).is_err());
         assert!(patch_paths(b"rename to \"x\"\n", true).is_err());
+        for bad in [
+            &b"rename to src/auth/../../docs/x\n"[..],
+            b"--- a/src/auth/x\n+++ b//docs/x\n",
+            b"--- a/x\n+++ b/./x\n",
+            b"rename to /etc/x\n",
+        ] {
+            assert!(
+                patch_paths(bad, true).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
         // (Split where the halves are equal, as git does.)
         assert_eq!(
             patch_paths(b"diff --git a/x b/x b/x b/x\n", true).unwrap(),
