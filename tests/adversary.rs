@@ -2318,6 +2318,8 @@ fn patches_git_am_would_apply_change_only_paths_in_scope() {
     let Some(l) = layout() else { return };
     let _m = l.mount_env(MOUNT, &[]);
     let patch = "From: a <a@x>\\nSubject: [PATCH] x\\n\\n---\\ndiff --git a/docs/index.md b/docs/index.md\\n--- a/docs/index.md\\n+++ b/docs/index.md\\n@@ -1 +1 @@\\n-# Docs\\n+pwned\\n";
+    // (An encoded body: what `git mailinfo` decodes before git applies it.)
+    let b64 = "LS0tCmRpZmYgLS1naXQgYS9kb2NzL2luZGV4Lm1kIGIvZG9jcy9pbmRleC5tZAotLS0gYS9kb2NzL2luZGV4Lm1kCisrKyBiL2RvY3MvaW5kZXgubWQKQEAgLTEgKzEgQEAKLSMgRG9jcworcHduZWQK";
     let script = format!(
         r#"
         T=/tmp/intentfs-am-$$; mkdir -p $T
@@ -2329,16 +2331,23 @@ fn patches_git_am_would_apply_change_only_paths_in_scope() {
         printf '{patch}' > $D/0002; echo planted=$?
         printf '{patch}' > src/auth/p.patch; mv src/auth/p.patch $D/0002; echo moved=$?
         printf 'diff --git a/src/auth/session.ts b/docs/new.md\nsimilarity index 100%%\nrename from src/auth/session.ts\nrename to docs/new.md\n' > $D/0002; echo renamed=$?
+        printf 'From: a <a@x>\nSubject: [PATCH] x\nMIME-Version: 1.0\nContent-Type: text/plain\nContent-Transfer-Encoding: base64\n\n{b64}\n' > $D/0002; echo base64=$?
+        {OUT_OF_SCOPE_COMMIT}
+        printf "From $C Mon Sep 17 00:00:00 2001\nFrom: a <a@x>\nSubject: [PATCH] x\n\n---\n" > $D/0002; echo named=$?
+        rm -f $D/0002; : > $D/rebasing; echo rebasing=$?
+        printf "From 0123456789abcdef0123456789abcdef01234567 Mon Sep 17 00:00:00 2001\nFrom: a <a@x>\nSubject: [PATCH] x\n\n---\n" > $D/0002; echo unborn=$?
         echo "'--directory=docs'" > $D/apply-opt; echo opt=$?
         echo "'--whitespace=fix'" > $D/apply-opt; echo optok=$?
         rm -rf $T
         "#
     );
     let (_, m, ctx) = evil(&l, &script);
-    for k in ["am", "first", "optok"] {
+    for k in ["am", "first", "rebasing", "optok"] {
         assert_eq!(m[k], "0", "{k} failed\n{ctx}");
     }
-    for k in ["planted", "moved", "renamed", "opt"] {
+    for k in [
+        "planted", "moved", "renamed", "base64", "named", "unborn", "opt",
+    ] {
         assert_ne!(m[k], "0", "{k} was allowed\n{ctx}");
     }
     assert!(ws_text(&l, "src/auth/session.ts").contains("am = 1"));

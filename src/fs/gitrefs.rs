@@ -40,9 +40,10 @@ fn git_with(gitdir: &Path, args: &[&str], input: Option<&str>) -> Option<String>
         // (The commit-graph is a file agents can write: a patched one would show the
         // check another tree than the commit's. Read the commits themselves.)
         .args(["-c", "core.commitGraph=false"])
-        .env("GIT_NO_REPLACE_OBJECTS", "1")
         .args(args)
         .env_clear()
+        // (After `env_clear`, which drops what was set before it.)
+        .env("GIT_NO_REPLACE_OBJECTS", "1")
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("HOME", "/nonexistent")
         .env("GIT_CONFIG_NOSYSTEM", "1")
@@ -388,82 +389,112 @@ pub enum ListKind {
     /// `rebase-apply/apply-opt`: the options `git am` gives `git apply`. Only those that do
     /// not move where a patch lands ([`apply_opts_ok`]: no `-p`, no `--directory`).
     ApplyOpts,
+    /// `rebase-apply/rebasing`: `git am` then applies the commit each mail's `From <id>`
+    /// line names, not the mail's diff (`git rebase --apply`), so every mail there must
+    /// name an existing commit that may be applied ([`mail_commit`]).
+    Rebasing,
 }
 
-/// The worktree paths a patch (a mail of `git am`'s, or a bare diff) changes, as `git
-/// apply -p1` reads them: the names in `diff --git a/X b/Y` lines, in `--- a/X` / `+++ b/Y`
-/// pairs, and in `rename`/`copy` `from`/`to` lines. Only complete lines (`complete`: the
-/// last one too). `Err(line)`: a name git may read differently than this does (quoted,
-/// or a `diff --git` line that does not split in two equal-looking halves) is not
-/// judged but refused.
-pub fn patch_paths(text: &[u8], complete: bool) -> std::result::Result<Vec<String>, String> {
-    let text = String::from_utf8_lossy(text);
-    let mut lines: Vec<&str> = text.split('\n').collect();
-    let last = lines.pop().unwrap_or("");
-    if complete && !last.is_empty() {
-        lines.push(last);
-    }
-    // `a/x`: the name with its first component stripped (`-p1`), or as it is for the lines
-    // that carry no prefix. A name git would quote (a `"` first) is not read here.
-    let name = |raw: &str, strip: bool| -> std::result::Result<Option<String>, String> {
-        // (`--- a/x\t2024-01-01 …`: a timestamp after a tab.)
-        let raw = raw.split('\t').next().unwrap_or("").trim_end_matches('\r');
-        if raw == "/dev/null" {
-            return Ok(None);
-        }
-        if raw.starts_with('"') || raw.is_empty() {
-            return Err(raw.to_string());
-        }
-        let path = if strip {
-            match raw.split_once('/') {
-                Some((_, rest)) => rest,
-                None => return Err(raw.to_string()),
-            }
-        } else {
-            raw
-        };
-        // (A name git would not take as a worktree path — empty, absolute, `.` or `..` in
-        // it — is refused rather than judged: scope patterns match text.)
-        if path.is_empty() || path.split('/').any(|c| matches!(c, "" | "." | "..")) {
-            return Err(raw.to_string());
-        }
-        Ok(Some(path.to_string()))
+/// The commit id a mail's first line names (`From <id> Mon Sep 17 00:00:00 2001`, as `git
+/// format-patch` writes it).
+pub fn mail_commit(text: &[u8]) -> Option<String> {
+    let first = text.split(|&b| b == b'\n').next()?;
+    let id = std::str::from_utf8(first.strip_prefix(b"From ")?)
+        .ok()?
+        .split_whitespace()
+        .next()?;
+    (matches!(id.len(), 40 | 64) && id.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| id.to_ascii_lowercase())
+}
+
+/// The worktree paths a patch changes, as git reads them: a mail of `git am`'s (`mail`:
+/// `rebase-apply/0001`…) goes through `git mailinfo` first (which decodes base64 and
+/// quoted-printable bodies and finds where the patch begins), once as is and once with
+/// `--quoted-cr=strip` (the two ways `git am` may read it), and the patch through `git
+/// apply --numstat -z -p1`, which names every path it would change (both names of a
+/// rename or copy). A hand-written reading was bypassed four ways by an attack pass (an
+/// encoded body, a header line between `---` and `+++`, `rename old`/`rename new`).
+/// `Ok(None)`: git does not read it as a patch (a file still being written, or one the
+/// human's `git am` would stop at the same way). `Err`: git could not be run.
+pub fn patch_paths(text: &[u8], mail: bool) -> std::result::Result<Option<Vec<String>>, String> {
+    let dir = tempfile::Builder::new()
+        .prefix("intentfs-patch-")
+        .tempdir()
+        .map_err(|e| e.to_string())?;
+    let run = |args: &[&str], input: &[u8]| -> std::result::Result<Option<Vec<u8>>, String> {
+        use std::io::Write;
+        let mut child = Command::new("git")
+            .args(args)
+            .current_dir(dir.path())
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("HOME", dir.path())
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CEILING_DIRECTORIES", dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("git: {e}"))?;
+        let mut stdin = child.stdin.take().ok_or("git: no stdin")?;
+        let input = input.to_vec();
+        // (Fed from a thread: git may answer before it has read it all.)
+        let feed = std::thread::spawn(move || {
+            let _ = stdin.write_all(&input);
+        });
+        let out = child.wait_with_output().map_err(|e| format!("git: {e}"))?;
+        let _ = feed.join();
+        Ok(out.status.success().then_some(out.stdout))
     };
-    let mut paths = Vec::new();
-    for (i, l) in lines.iter().enumerate() {
-        let l = l.trim_end_matches('\r');
-        if let Some(rest) = l.strip_prefix("diff --git ") {
-            // `a/X b/X`: split where the two halves name the same path (a rename's halves
-            // differ, and its `rename from`/`to` lines name both).
-            let halves = rest
-                .match_indices(' ')
-                .map(|(k, _)| (&rest[..k], &rest[k + 1..]))
-                .filter(|(a, b)| a.split_once('/').map(|x| x.1) == b.split_once('/').map(|x| x.1))
-                .collect::<Vec<_>>();
-            match halves.as_slice() {
-                [(a, _)] => paths.extend(name(a, true)?),
-                [] if rest.starts_with('"') => return Err(l.to_string()),
-                // (A rename or copy: named by the lines below, which are checked.)
-                [] => {}
-                _ => return Err(l.to_string()),
+    let patch = dir.path().join("patch");
+    let patch_arg = patch.to_string_lossy().into_owned();
+    let mut patches: Vec<Vec<u8>> = Vec::new();
+    if mail {
+        for cr in [None, Some("--quoted-cr=strip")] {
+            let mut args = vec!["mailinfo"];
+            args.extend(cr);
+            args.extend(["/dev/null", patch_arg.as_str()]);
+            if run(&args, text)?.is_some() {
+                if let Ok(p) = std::fs::read(&patch) {
+                    patches.push(p);
+                }
             }
-        } else if let Some(rest) = l.strip_prefix("--- ") {
-            // Only a `---` line followed by a `+++` line is a header (a mail's body may have
-            // a line that starts with `--- `).
-            if let Some(next) = lines.get(i + 1).and_then(|n| n.strip_prefix("+++ ")) {
-                paths.extend(name(rest, true)?);
-                paths.extend(name(next, true)?);
-            }
-        } else if let Some(rest) = ["rename from ", "rename to ", "copy from ", "copy to "]
-            .iter()
-            .find_map(|p| l.strip_prefix(p))
-        {
-            paths.extend(name(rest, false)?);
         }
+    } else {
+        patches.push(text.to_vec());
+    }
+    let mut paths = Vec::new();
+    let mut read = false;
+    // `--numstat` names each change by its new name (its old one for a deletion); the same
+    // patch reversed (`-R`) names it by its old one: both names of a rename or copy.
+    for p in patches.iter().filter(|p| !p.is_empty()) {
+        for reverse in [false, true] {
+            let mut args = vec!["apply", "--numstat", "-z", "-p1"];
+            if reverse {
+                args.push("-R");
+            }
+            let Some(out) = run(&args, p)? else {
+                if reverse {
+                    // (Read forward but not reversed: its old names are not known.)
+                    return Err("git read the patch but not its reverse".into());
+                }
+                break;
+            };
+            read = true;
+            // `added\tdeleted\tpath\0` each.
+            for f in out.split(|&b| b == 0).filter(|f| !f.is_empty()) {
+                let name = f.splitn(3, |&b| b == b'\t').nth(2).unwrap_or_default();
+                paths.push(String::from_utf8_lossy(name).into_owned());
+            }
+        }
+    }
+    if !read {
+        return Ok(None);
     }
     paths.sort();
     paths.dedup();
-    Ok(paths)
+    Ok(Some(paths))
 }
 
 /// Whether `apply-opt` (git's shell-quoted list of `git apply` options) holds only options
@@ -545,6 +576,9 @@ pub fn commit_list_kind(rel: &Path) -> Option<ListKind> {
     }
     if parent == "rebase-apply" && name == "apply-opt" {
         return Some(ListKind::ApplyOpts);
+    }
+    if parent == "rebase-apply" && name == "rebasing" {
+        return Some(ListKind::Rebasing);
     }
     if parent == ".git"
         && matches!(
@@ -730,7 +764,7 @@ pub fn named_objects(
             }
         }
         // (Judged by `Fs::check_patch`.)
-        ListKind::Patch | ListKind::ApplyOpts => {}
+        ListKind::Patch | ListKind::ApplyOpts | ListKind::Rebasing => {}
         ListKind::Reflog => {
             for l in lines.iter().filter(|l| !l.trim().is_empty()) {
                 let mut w = l.split(' ');
@@ -1005,6 +1039,54 @@ impl Fs {
             return Err(self.still_open_denial(ident, caller, Operation::Rename, from, to));
         }
         self.check_config_content(ident, caller, dir, name, to_dir, src, from, to)
+    }
+
+    /// The commits mails in `rebase-apply/` name (see [`ListKind::Rebasing`]): each one
+    /// that is a commit here is checked like a ref move; one that is not is refused when
+    /// `must_exist` (git would apply it once it exists).
+    fn check_mail_commits(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        rel: &Path,
+        ids: &[String],
+        must_exist: bool,
+    ) -> Result<()> {
+        let Some(gitdir) = self.root_gitdir(rel) else {
+            return Ok(());
+        };
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let query: String = ids.iter().map(|i| format!("{i}^{{commit}}\n")).collect();
+        let found = git_with(
+            &gitdir,
+            &["cat-file", "--batch-check=%(objectname) %(objecttype)"],
+            Some(&query),
+        )
+        .unwrap_or_default();
+        let mut commits = Vec::new();
+        for (id, a) in ids.iter().zip(found.lines().chain(std::iter::repeat(""))) {
+            match a.split_once(' ') {
+                Some((oid, "commit")) if is_oid(oid) => commits.push(oid.to_string()),
+                _ if must_exist => {
+                    return Err(self.git_denial(
+                        ident,
+                        caller,
+                        Operation::Write,
+                        rel,
+                        format!("{}: {id} is not a commit in this repository (yet), and `git am` in a rebase applies the commit a mail names", rel.display()),
+                        "Let git write its own state: `git rebase` and `git am` split and apply patches themselves.",
+                        "git: state files name existing commits by id",
+                    ))
+                }
+                _ => {}
+            }
+        }
+        let commits: Vec<&str> = commits.iter().map(String::as_str).collect();
+        let what = format!("{} would have git apply", rel.display());
+        self.check_new_commits(ident, caller, rel, &what, &commits)
+            .map(drop)
     }
 
     /// The content half of [`Fs::check_config_swap`]: `src` (the stat of `from`) a regular
@@ -1360,7 +1442,7 @@ impl Fs {
         }
         if matches!(
             commit_list_kind(rel),
-            Some(ListKind::Patch | ListKind::ApplyOpts)
+            Some(ListKind::Patch | ListKind::ApplyOpts | ListKind::Rebasing)
         ) {
             return self.check_patch(ident, caller, rel, text, complete);
         }
@@ -1392,6 +1474,33 @@ impl Fs {
                 "git: patches git applies change only paths in scope",
             )
         };
+        // `rebasing`: the commits the mails there name are what git applies.
+        if commit_list_kind(rel) == Some(ListKind::Rebasing) {
+            let dir = self
+                .cfg
+                .workspace
+                .join(rel.parent().unwrap_or(Path::new("")));
+            let mut ids = Vec::new();
+            for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let name = e.file_name();
+                let mail = rel.with_file_name(&name);
+                if commit_list_kind(&mail) == Some(ListKind::Patch) && name != "patch" {
+                    let text = std::fs::File::open(e.path())
+                        .ok()
+                        .and_then(|f| super::hash::read_small(&f, STATE_MAX));
+                    match text.as_deref().and_then(mail_commit) {
+                        Some(id) => ids.push(id),
+                        None => {
+                            return Err(refuse(format!(
+                                "{} names no commit: git would apply it as a commit",
+                                mail.display()
+                            )))
+                        }
+                    }
+                }
+            }
+            return self.check_mail_commits(ident, caller, rel, &ids, true);
+        }
         if commit_list_kind(rel) == Some(ListKind::ApplyOpts) {
             if !apply_opts_ok(text) {
                 return Err(refuse(
@@ -1401,11 +1510,41 @@ impl Fs {
             }
             return Ok(());
         }
-        let paths = patch_paths(text, complete).map_err(|l| {
-            refuse(format!(
-                "{l:?} is not a name this check can read as git does"
-            ))
-        })?;
+        // (Whether the last line is complete does not matter here: git reads what is
+        // there, as the human's `git am` would if it ran now.)
+        let _ = complete;
+        let mail = rel.file_name().is_some_and(|n| n != "patch");
+        // The commit a mail names: what `git am` applies instead of its diff once
+        // `rebasing` is there (then it must exist; otherwise it is checked when it does).
+        if mail {
+            let rebasing = self
+                .cfg
+                .workspace
+                .join(rel.with_file_name("rebasing"))
+                .exists();
+            if let Some(id) = mail_commit(text) {
+                self.check_mail_commits(ident, caller, rel, &[id], rebasing)?;
+            } else if rebasing && !text.is_empty() && text.contains(&b'\n') {
+                return Err(refuse(
+                    "names no commit, and git applies the commit a mail names here (`rebasing`)"
+                        .into(),
+                ));
+            }
+        }
+        let paths = match patch_paths(text, mail) {
+            Ok(Some(paths)) => paths,
+            // Not a patch git reads (yet): the human's git would stop at it just the same.
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(refuse(format!("could not be read as git reads it ({e})"))),
+        };
+        // (A name git takes as a worktree path has no empty, `.` or `..` component; one
+        // that did would be refused rather than matched against the scope as text.)
+        if let Some(p) = paths
+            .iter()
+            .find(|p| p.is_empty() || p.split('/').any(|c| matches!(c, "" | "." | "..")))
+        {
+            return Err(refuse(format!("{p:?} is not a worktree path")));
+        }
         let intent = ident.intent();
         for p in &paths {
             let path = Path::new(p);
@@ -1496,44 +1635,53 @@ mod tests {
 
     #[test]
     fn patches_are_read_for_the_paths_git_apply_changes() {
-        let mail = b"From 1 Mon Sep 17 00:00:00 2001\nSubject: [PATCH] x\n\nbody\n--- not a header\n---\n a | 1 +\n\n\
-diff --git a/src/a.ts b/src/a.ts\nindex 1..2 100644\n--- a/src/a.ts\n+++ b/src/a.ts\n@@ -1 +1 @@\n-x\n+y\n\
-diff --git a/old name.ts b/new.ts\nsimilarity index 90%\nrename from old name.ts\nrename to new.ts\n\
-diff --git a/gone b/gone\ndeleted file mode 100644\n--- a/gone\n+++ /dev/null\n\
-diff --git a/bin b/bin\nGIT binary patch\n";
+        let head = "From ff7745c266a4792cc57045a655cb1997dec1856d Mon Sep 17 00:00:00 2001\nFrom: h <h@x>\nSubject: [PATCH] p\n";
+        let mail = |extra: &str, body: &str| format!("{head}{extra}\n{body}").into_bytes();
+        let plain = "---\ndiff --git a/src/a.ts b/src/a.ts\nindex 1..2 100644\n--- a/src/a.ts\n+++ b/src/a.ts\n@@ -1 +1 @@\n-x\n+y\n\
+diff --git a/old name.ts b/new.ts\nsimilarity index 100%\nrename from old name.ts\nrename to new.ts\n";
         assert_eq!(
-            patch_paths(mail, true).unwrap(),
-            ["bin", "gone", "new.ts", "old name.ts", "src/a.ts"]
-        );
-        // A last line still being written is judged at the close.
-        assert_eq!(
-            patch_paths(b"rename from a\nrename to src/ou", false).unwrap(),
-            ["a"]
+            patch_paths(&mail("", plain), true).unwrap().unwrap(),
+            ["new.ts", "old name.ts", "src/a.ts"]
         );
         assert_eq!(
-            patch_paths(b"rename from a\nrename to src/out", true).unwrap(),
-            ["a", "src/out"]
+            mail_commit(&mail("", plain)).as_deref(),
+            Some("ff7745c266a4792cc57045a655cb1997dec1856d")
         );
-        // Names git quotes, or a header that does not split as git would, are refused.
-        assert!(patch_paths(b"diff --git \"a/x\\ty\" \"b/x\\ty\"\n", true).is_err());
-        assert!(patch_paths(b"--- \"a/x\"\n+++ \"b/x\"\n", true).is_err());
-        assert!(patch_paths(b"rename to \"x\"\n", true).is_err());
-        for bad in [
-            &b"rename to src/auth/../../docs/x\n"[..],
-            b"--- a/src/auth/x\n+++ b//docs/x\n",
-            b"--- a/x\n+++ b/./x\n",
-            b"rename to /etc/x\n",
+        // The four ways an attack pass got a path past a hand-written reading: each is read
+        // as git reads it.
+        let out = "docs/index.md";
+        let b64 = "LS0tCiBkb2NzL2luZGV4Lm1kIHwgMiArLQogMSBmaWxlIGNoYW5nZWQsIDEgaW5zZXJ0aW9uKCsp\n\
+LCAxIGRlbGV0aW9uKC0pCgpkaWZmIC0tZ2l0IGEvZG9jcy9pbmRleC5tZCBiL2RvY3MvaW5kZXgu\n\
+bWQKaW5kZXggZDBmYTYwZS4uMzU3ZmY3ZiAxMDA2NDQKLS0tIGEvZG9jcy9pbmRleC5tZAorKysg\n\
+Yi9kb2NzL2luZGV4Lm1kCkBAIC0xICsxIEBACi0jIERvY3MKKyMgUFdORUQKLS0gCjIuNDcuMwoK\n";
+        let mime = |enc: &str| {
+            format!("MIME-Version: 1.0\nContent-Type: text/plain; charset=UTF-8\nContent-Transfer-Encoding: {enc}\n")
+        };
+        let qp = "---\ndiff --git a/do=\ncs/index.md b/do=\ncs/index.md\nindex d0fa60e..357ff7f 100644\n--- a/do=\ncs/index.md\n+++ b/do=\ncs/index.md\n@@ -1 +1 @@\n-# Docs\n+# PWNED\n";
+        let between = "---\ndiff --git a/src/auth/q b/src/auth/z\n--- a/docs/index.md\nindex d0fa60e..357ff7f 100644\n+++ b/docs/index.md\n@@ -1 +1 @@\n-# Docs\n+# PWNED\n";
+        let old_rename = "---\ndiff --git a/src/auth/s.ts b/src/auth/s.ts\nsimilarity index 100%\nrename old src/auth/s.ts\nrename new docs/index.md\n";
+        for (what, m) in [
+            ("base64", mail(&mime("base64"), b64)),
+            ("quoted-printable", mail(&mime("quoted-printable"), qp)),
+            ("a header line between --- and +++", mail("", between)),
+            ("rename old/new", mail("", old_rename)),
         ] {
-            assert!(
-                patch_paths(bad, true).is_err(),
-                "{}",
-                String::from_utf8_lossy(bad)
-            );
+            let paths = patch_paths(&m, true).unwrap().unwrap_or_default();
+            assert!(paths.iter().any(|p| p == out), "{what}: {paths:?}");
         }
-        // (Split where the halves are equal, as git does.)
+        // A bare patch (`rebase-apply/patch`), and what git does not read as a patch (yet).
         assert_eq!(
-            patch_paths(b"diff --git a/x b/x b/x b/x\n", true).unwrap(),
-            ["x b/x"]
+            patch_paths(
+                b"diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n",
+                false
+            )
+            .unwrap()
+            .unwrap(),
+            ["x"]
+        );
+        assert_eq!(
+            patch_paths(b"diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1 +1", false).unwrap(),
+            None
         );
         assert!(apply_opts_ok(b"'--whitespace=fix' '-C1' '--reject'"));
         assert!(apply_opts_ok(b""));
