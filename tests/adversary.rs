@@ -2336,17 +2336,25 @@ fn patches_git_am_would_apply_change_only_paths_in_scope() {
         printf "From $C Mon Sep 17 00:00:00 2001\nFrom: a <a@x>\nSubject: [PATCH] x\n\n---\n" > $D/0002; echo named=$?
         rm -f $D/0002; : > $D/rebasing; echo rebasing=$?
         printf "From 0123456789abcdef0123456789abcdef01234567 Mon Sep 17 00:00:00 2001\nFrom: a <a@x>\nSubject: [PATCH] x\n\n---\n" > $D/0002; echo unborn=$?
+        rm -f $D/rebasing $D/0002; echo f > $D/utf8
+        printf 'From: a <a@x>\nSubject: [PATCH] x\nContent-Type: text/plain; charset=x-bogus\n\n---\ndiff --git a/docs/index.md b/docs/index.md\n--- a/docs/index.md\n+++ b/docs/index.md\n@@ -1 +1 @@\n-# Docs\n+pwned\n' > $D/0002; echo charset=$?
+        git update-ref refs/heads/${{C}}aaaaaaaaaaaaaaaaaaaaaaaa HEAD
+        rm -f $D/0002; : > $D/rebasing
+        printf "From ${{C}}aaaaaaaaaaaaaaaaaaaaaaaa Mon Sep 17 00:00:00 2001\nFrom: a <a@x>\nSubject: [PATCH] x\n\n---\n" > $D/0002; echo longid=$?
+        echo t > $D/threeway; echo threeway=$?
+        echo f > $D/threeway; echo threewayf=$?
         echo "'--directory=docs'" > $D/apply-opt; echo opt=$?
         echo "'--whitespace=fix'" > $D/apply-opt; echo optok=$?
         rm -rf $T
         "#
     );
     let (_, m, ctx) = evil(&l, &script);
-    for k in ["am", "first", "rebasing", "optok"] {
+    for k in ["am", "first", "rebasing", "threewayf", "optok"] {
         assert_eq!(m[k], "0", "{k} failed\n{ctx}");
     }
     for k in [
-        "planted", "moved", "renamed", "base64", "named", "unborn", "opt",
+        "planted", "moved", "renamed", "base64", "named", "unborn", "charset", "longid",
+        "threeway", "opt",
     ] {
         assert_ne!(m[k], "0", "{k} was allowed\n{ctx}");
     }

@@ -143,6 +143,22 @@ impl Fs {
             .then(|| self.cfg.workspace.join(".git"))
     }
 
+    /// The length of the workspace repository's object ids: 64 with
+    /// `extensions.objectFormat = sha256` in its config, else 40.
+    pub(crate) fn hexsz(&self, rel: &Path) -> usize {
+        let sha256 = self.read_git_file(rel, "config", 1 << 20).is_some_and(|c| {
+            c.lines().any(|l| {
+                let l = l.trim().to_ascii_lowercase();
+                l.starts_with("objectformat") && l.contains("sha256")
+            })
+        });
+        if sha256 {
+            64
+        } else {
+            40
+        }
+    }
+
     /// A small file of the workspace's repository (`packed-refs`, a loose ref), read
     /// without following a symlink or blocking on a FIFO.
     fn read_git_file(&self, rel: &Path, name: &str, limit: u64) -> Option<String> {
@@ -387,7 +403,8 @@ pub enum ListKind {
     /// change must be one the writer may change ([`patch_paths`]).
     Patch,
     /// `rebase-apply/apply-opt`: the options `git am` gives `git apply`. Only those that do
-    /// not move where a patch lands ([`apply_opts_ok`]: no `-p`, no `--directory`).
+    /// not move where a patch lands ([`apply_opts_ok`]: no `-p`, no `--directory`). And
+    /// `rebase-apply/threeway`: `f` only (see `Fs::check_patch`).
     ApplyOpts,
     /// `rebase-apply/rebasing`: `git am` then applies the commit each mail's `From <id>`
     /// line names, not the mail's diff (`git rebase --apply`), so every mail there must
@@ -397,14 +414,17 @@ pub enum ListKind {
 
 /// The commit id a mail's first line names (`From <id> Mon Sep 17 00:00:00 2001`, as `git
 /// format-patch` writes it).
-pub fn mail_commit(text: &[u8]) -> Option<String> {
+/// `hexsz`: the repository's id length (40 for SHA-1, 64 for SHA-256). Read as git's
+/// `get_oid_hex` reads it: the first `hexsz` characters after `From `, whatever follows
+/// them (an attack pass named a ref `<40-hex id of one commit>aaaa…` that the check
+/// resolved while `git am` applied the commit of the first 40 digits).
+pub fn mail_commit(text: &[u8], hexsz: usize) -> Option<String> {
     let first = text.split(|&b| b == b'\n').next()?;
-    let id = std::str::from_utf8(first.strip_prefix(b"From ")?)
-        .ok()?
-        .split_whitespace()
-        .next()?;
-    (matches!(id.len(), 40 | 64) && id.bytes().all(|b| b.is_ascii_hexdigit()))
-        .then(|| id.to_ascii_lowercase())
+    let rest = first.strip_prefix(b"From ")?;
+    let id = rest.get(..hexsz)?;
+    id.iter()
+        .all(u8::is_ascii_hexdigit)
+        .then(|| String::from_utf8_lossy(id).to_ascii_lowercase())
 }
 
 /// The worktree paths a patch changes, as git reads them: a mail of `git am`'s (`mail`:
@@ -417,6 +437,10 @@ pub fn mail_commit(text: &[u8]) -> Option<String> {
 /// `Ok(None)`: git does not read it as a patch (a file still being written, or one the
 /// human's `git am` would stop at the same way). `Err`: git could not be run.
 pub fn patch_paths(text: &[u8], mail: bool) -> std::result::Result<Option<Vec<String>>, String> {
+    // (An empty file, as a write starts it: nothing to apply.)
+    if text.is_empty() {
+        return Ok(None);
+    }
     let dir = tempfile::Builder::new()
         .prefix("intentfs-patch-")
         .tempdir()
@@ -451,14 +475,20 @@ pub fn patch_paths(text: &[u8], mail: bool) -> std::result::Result<Option<Vec<St
     let patch_arg = patch.to_string_lossy().into_owned();
     let mut patches: Vec<Vec<u8>> = Vec::new();
     if mail {
+        // (`-n`: no charset conversion, which changes only the message, never the patch,
+        // and fails on a charset it does not know — an attack pass set `utf8` to `f` so
+        // that the human's `git am` does not convert, while this check's mailinfo failed
+        // and took the mail for one git would stop at. A mail mailinfo cannot read
+        // without conversion is refused.)
         for cr in [None, Some("--quoted-cr=strip")] {
-            let mut args = vec!["mailinfo"];
+            let mut args = vec!["mailinfo", "-n"];
             args.extend(cr);
             args.extend(["/dev/null", patch_arg.as_str()]);
-            if run(&args, text)?.is_some() {
-                if let Ok(p) = std::fs::read(&patch) {
-                    patches.push(p);
-                }
+            if run(&args, text)?.is_none() {
+                return Err("git mailinfo cannot read it".into());
+            }
+            if let Ok(p) = std::fs::read(&patch) {
+                patches.push(p);
             }
         }
     } else {
@@ -574,7 +604,7 @@ pub fn commit_list_kind(rel: &Path) -> Option<ListKind> {
     {
         return Some(ListKind::Patch);
     }
-    if parent == "rebase-apply" && name == "apply-opt" {
+    if parent == "rebase-apply" && matches!(name, "apply-opt" | "threeway") {
         return Some(ListKind::ApplyOpts);
     }
     if parent == "rebase-apply" && name == "rebasing" {
@@ -1058,17 +1088,30 @@ impl Fs {
         if ids.is_empty() {
             return Ok(());
         }
-        let query: String = ids.iter().map(|i| format!("{i}^{{commit}}\n")).collect();
+        // Each id as itself (an object of that name, never a ref that looks like one), then
+        // peeled to its commit as `git am` peels it.
+        let query: String = ids
+            .iter()
+            .map(|i| format!("{i}\n{i}^{{commit}}\n"))
+            .collect();
         let found = git_with(
             &gitdir,
             &["cat-file", "--batch-check=%(objectname) %(objecttype)"],
             Some(&query),
         )
         .unwrap_or_default();
+        let lines: Vec<&str> = found.lines().collect();
         let mut commits = Vec::new();
-        for (id, a) in ids.iter().zip(found.lines().chain(std::iter::repeat(""))) {
-            match a.split_once(' ') {
-                Some((oid, "commit")) if is_oid(oid) => commits.push(oid.to_string()),
+        for (k, id) in ids.iter().enumerate() {
+            let itself = lines
+                .get(2 * k)
+                .and_then(|l| l.split_once(' '))
+                .map(|x| x.0);
+            let peeled = lines.get(2 * k + 1).and_then(|l| l.split_once(' '));
+            match peeled {
+                Some((oid, "commit")) if is_oid(oid) && itself == Some(id.as_str()) => {
+                    commits.push(oid.to_string())
+                }
                 _ if must_exist => {
                     return Err(self.git_denial(
                         ident,
@@ -1476,6 +1519,7 @@ impl Fs {
         };
         // `rebasing`: the commits the mails there name are what git applies.
         if commit_list_kind(rel) == Some(ListKind::Rebasing) {
+            let hexsz = self.hexsz(rel);
             let dir = self
                 .cfg
                 .workspace
@@ -1488,7 +1532,7 @@ impl Fs {
                     let text = std::fs::File::open(e.path())
                         .ok()
                         .and_then(|f| super::hash::read_small(&f, STATE_MAX));
-                    match text.as_deref().and_then(mail_commit) {
+                    match text.as_deref().and_then(|t| mail_commit(t, hexsz)) {
                         Some(id) => ids.push(id),
                         None => {
                             return Err(refuse(format!(
@@ -1500,6 +1544,17 @@ impl Fs {
                 }
             }
             return self.check_mail_commits(ident, caller, rel, &ids, true);
+        }
+        // `threeway`: `git am -3` falls back to a merge whose rename detection can carry a
+        // patch of an in-scope path onto any file with the content its `index` line names.
+        // Agents apply patches without it.
+        if rel.file_name().is_some_and(|n| n == "threeway") {
+            if !matches!(text.trim_ascii(), b"" | b"f") {
+                return Err(refuse(
+                    "a three-way `git am` (-3) may carry a patch onto a file outside the scope through rename detection".into(),
+                ));
+            }
+            return Ok(());
         }
         if commit_list_kind(rel) == Some(ListKind::ApplyOpts) {
             if !apply_opts_ok(text) {
@@ -1522,7 +1577,7 @@ impl Fs {
                 .workspace
                 .join(rel.with_file_name("rebasing"))
                 .exists();
-            if let Some(id) = mail_commit(text) {
+            if let Some(id) = mail_commit(text, self.hexsz(rel)) {
                 self.check_mail_commits(ident, caller, rel, &[id], rebasing)?;
             } else if rebasing && !text.is_empty() && text.contains(&b'\n') {
                 return Err(refuse(
@@ -1644,8 +1699,27 @@ diff --git a/old name.ts b/new.ts\nsimilarity index 100%\nrename from old name.t
             ["new.ts", "old name.ts", "src/a.ts"]
         );
         assert_eq!(
-            mail_commit(&mail("", plain)).as_deref(),
+            mail_commit(&mail("", plain), 40).as_deref(),
             Some("ff7745c266a4792cc57045a655cb1997dec1856d")
+        );
+        // As git's get_oid_hex reads it: the first 40 digits, whatever follows.
+        assert_eq!(
+            mail_commit(
+                b"From ff7745c266a4792cc57045a655cb1997dec1856daaaaaaaaaaaaaaaaaaaaaaaa x\n",
+                40
+            )
+            .as_deref(),
+            Some("ff7745c266a4792cc57045a655cb1997dec1856d")
+        );
+        // A charset git cannot convert: read without conversion, as `git am` does with
+        // `utf8` at `f`.
+        let bogus = mail(
+            "Content-Type: text/plain; charset=x-bogus-charset\n",
+            "---\ndiff --git a/docs/index.md b/docs/index.md\n--- a/docs/index.md\n+++ b/docs/index.md\n@@ -1 +1 @@\n-# Docs\n+x\n",
+        );
+        assert_eq!(
+            patch_paths(&bogus, true).unwrap().unwrap(),
+            ["docs/index.md"]
         );
         // The four ways an attack pass got a path past a hand-written reading: each is read
         // as git reads it.
