@@ -2341,6 +2341,9 @@ fn patches_git_am_would_apply_change_only_paths_in_scope() {
         git update-ref refs/heads/${{C}}aaaaaaaaaaaaaaaaaaaaaaaa HEAD
         rm -f $D/0002; : > $D/rebasing
         printf "From ${{C}}aaaaaaaaaaaaaaaaaaaaaaaa Mon Sep 17 00:00:00 2001\nFrom: a <a@x>\nSubject: [PATCH] x\n\n---\n" > $D/0002; echo longid=$?
+        rm -f $D/rebasing; echo -2 > $D/next; echo -1 > $D/last
+        printf 'From: a <a@x>\nSubject: [PATCH] x\n\n---\ndiff --git a/docs/index.md b/docs/index.md\n--- a/docs/index.md\n+++ b/docs/index.md\n@@ -1 +1 @@\n-# Docs\n+pwned\n' > $D/-001; echo negative=$?
+        echo 1 > $D/next; echo 2 > $D/last
         echo t > $D/threeway; echo threeway=$?
         echo f > $D/threeway; echo threewayf=$?
         echo "'--directory=docs'" > $D/apply-opt; echo opt=$?
@@ -2354,7 +2357,7 @@ fn patches_git_am_would_apply_change_only_paths_in_scope() {
     }
     for k in [
         "planted", "moved", "renamed", "base64", "named", "unborn", "charset", "longid",
-        "threeway", "opt",
+        "negative", "threeway", "opt",
     ] {
         assert_ne!(m[k], "0", "{k} was allowed\n{ctx}");
     }

@@ -599,8 +599,12 @@ pub fn commit_list_kind(rel: &Path) -> Option<ListKind> {
     if (parent == "sequencer" && name == "opts") || (state && name == "strategy_opts") {
         return Some(ListKind::Options);
     }
+    // (A mail's name is `next` as `%04d`: `next` is the agent's to write, and a negative
+    // one — or one that wraps to negative in git's `int` — names `-001`. Any name of digits,
+    // signed or not, is judged as a mail.)
+    let digits = name.strip_prefix('-').unwrap_or(name);
     if parent == "rebase-apply"
-        && (name == "patch" || (name.len() >= 4 && name.bytes().all(|b| b.is_ascii_digit())))
+        && (name == "patch" || (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())))
     {
         return Some(ListKind::Patch);
     }
@@ -1775,6 +1779,14 @@ Yi9kb2NzL2luZGV4Lm1kCkBAIC0xICsxIEBACi0jIERvY3MKKyMgUFdORUQKLS0gCjIuNDcuMwoK\n";
             commit_list_kind(Path::new(".git/rebase-apply/patch")),
             Some(ListKind::Patch)
         );
+        // (`next` at -2, or 4294967294, has git read `-001`.)
+        for mail in ["-001", "12345", "7"] {
+            assert_eq!(
+                commit_list_kind(&Path::new(".git/rebase-apply").join(mail)),
+                Some(ListKind::Patch),
+                "{mail}"
+            );
+        }
         assert_eq!(
             commit_list_kind(Path::new(".git/rebase-apply/apply-opt")),
             Some(ListKind::ApplyOpts)
