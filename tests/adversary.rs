@@ -2344,6 +2344,7 @@ fn patches_git_am_would_apply_change_only_paths_in_scope() {
         rm -f $D/rebasing; echo -2 > $D/next; echo -1 > $D/last
         printf 'From: a <a@x>\nSubject: [PATCH] x\n\n---\ndiff --git a/docs/index.md b/docs/index.md\n--- a/docs/index.md\n+++ b/docs/index.md\n@@ -1 +1 @@\n-# Docs\n+pwned\n' > $D/-001; echo negative=$?
         echo 1 > $D/next; echo 2 > $D/last
+        printf 'From: a <a@x>\nSubject: [PATCH] x\nContent-Type: text/plain; charset=UTF-7\n\nmsg\n+AGQ-iff --git a/docs/new.md b/docs/new.md\nnew file mode 100644\nindex 0000000..e69de29\n' > $D/0002; echo utf7=$?
         echo t > $D/threeway; echo threeway=$?
         echo f > $D/threeway; echo threewayf=$?
         echo "'--directory=docs'" > $D/apply-opt; echo opt=$?
@@ -2357,7 +2358,7 @@ fn patches_git_am_would_apply_change_only_paths_in_scope() {
     }
     for k in [
         "planted", "moved", "renamed", "base64", "named", "unborn", "charset", "longid",
-        "negative", "threeway", "opt",
+        "negative", "utf7", "threeway", "opt",
     ] {
         assert_ne!(m[k], "0", "{k} was allowed\n{ctx}");
     }

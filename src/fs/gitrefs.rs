@@ -475,21 +475,35 @@ pub fn patch_paths(text: &[u8], mail: bool) -> std::result::Result<Option<Vec<St
     let patch_arg = patch.to_string_lossy().into_owned();
     let mut patches: Vec<Vec<u8>> = Vec::new();
     if mail {
-        // (`-n`: no charset conversion, which changes only the message, never the patch,
-        // and fails on a charset it does not know — an attack pass set `utf8` to `f` so
-        // that the human's `git am` does not convert, while this check's mailinfo failed
-        // and took the mail for one git would stop at. A mail mailinfo cannot read
-        // without conversion is refused.)
+        // Read both ways `git am` may read it: `-n` (no charset conversion: `utf8` at `f`)
+        // and `-u` (converted, the default), each with and without `--quoted-cr=strip`.
+        // A mail `-n` cannot read is refused (an attack pass set `utf8` to `f` with a
+        // charset `-u` cannot convert); one `-u` cannot read is one the human's converting
+        // `git am` stops at. The two readings must find the same patch: mailinfo converts a
+        // line before it asks whether the patch begins there, and an attack pass hid
+        // `+AGQ-iff --git` (UTF-7 for `diff --git`) from an unconverted reading.
         for cr in [None, Some("--quoted-cr=strip")] {
-            let mut args = vec!["mailinfo", "-n"];
-            args.extend(cr);
-            args.extend(["/dev/null", patch_arg.as_str()]);
-            if run(&args, text)?.is_none() {
+            let reading = |conv: &str| -> std::result::Result<Option<Vec<u8>>, String> {
+                let mut args = vec!["mailinfo", conv];
+                args.extend(cr);
+                args.extend(["/dev/null", patch_arg.as_str()]);
+                if run(&args, text)?.is_none() {
+                    return Ok(None);
+                }
+                Ok(Some(std::fs::read(&patch).unwrap_or_default()))
+            };
+            let Some(plain) = reading("-n")? else {
                 return Err("git mailinfo cannot read it".into());
+            };
+            if let Some(converted) = reading("-u")? {
+                if converted != plain {
+                    return Err(
+                        "its charset changes where git finds its patch (read with and without conversion)"
+                            .into(),
+                    );
+                }
             }
-            if let Ok(p) = std::fs::read(&patch) {
-                patches.push(p);
-            }
+            patches.push(plain);
         }
     } else {
         patches.push(text.to_vec());
@@ -1725,6 +1739,12 @@ diff --git a/old name.ts b/new.ts\nsimilarity index 100%\nrename from old name.t
             patch_paths(&bogus, true).unwrap().unwrap(),
             ["docs/index.md"]
         );
+        // A line that becomes `diff --git` only once converted (UTF-7): the readings differ.
+        let utf7 = mail(
+            "Content-Type: text/plain; charset=UTF-7\n",
+            "msg\n+AGQ-iff --git a/evil.txt b/evil.txt\nnew file mode 100644\nindex 0000000..e69de29\n",
+        );
+        assert!(patch_paths(&utf7, true).is_err());
         // The four ways an attack pass got a path past a hand-written reading: each is read
         // as git reads it.
         let out = "docs/index.md";
