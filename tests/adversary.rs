@@ -2334,17 +2334,24 @@ fn patches_git_am_would_apply_change_only_paths_in_scope() {
         printf 'From: a <a@x>\nSubject: [PATCH] x\nMIME-Version: 1.0\nContent-Type: text/plain\nContent-Transfer-Encoding: base64\n\n{b64}\n' > $D/0002; echo base64=$?
         {OUT_OF_SCOPE_COMMIT}
         printf "From $C Mon Sep 17 00:00:00 2001\nFrom: a <a@x>\nSubject: [PATCH] x\n\n---\n" > $D/0002; echo named=$?
-        rm -f $D/0002; : > $D/rebasing; echo rebasing=$?
+        rm -f $D/0001 $D/0002; touch $D/rebasing; echo rebasing=$?
         printf "From 0123456789abcdef0123456789abcdef01234567 Mon Sep 17 00:00:00 2001\nFrom: a <a@x>\nSubject: [PATCH] x\n\n---\n" > $D/0002; echo unborn=$?
         rm -f $D/rebasing $D/0002; echo f > $D/utf8
         printf 'From: a <a@x>\nSubject: [PATCH] x\nContent-Type: text/plain; charset=x-bogus\n\n---\ndiff --git a/docs/index.md b/docs/index.md\n--- a/docs/index.md\n+++ b/docs/index.md\n@@ -1 +1 @@\n-# Docs\n+pwned\n' > $D/0002; echo charset=$?
         git update-ref refs/heads/${{C}}aaaaaaaaaaaaaaaaaaaaaaaa HEAD
-        rm -f $D/0002; : > $D/rebasing
+        rm -f $D/0002; touch $D/rebasing
         printf "From ${{C}}aaaaaaaaaaaaaaaaaaaaaaaa Mon Sep 17 00:00:00 2001\nFrom: a <a@x>\nSubject: [PATCH] x\n\n---\n" > $D/0002; echo longid=$?
         rm -f $D/rebasing; echo -2 > $D/next; echo -1 > $D/last
         printf 'From: a <a@x>\nSubject: [PATCH] x\n\n---\ndiff --git a/docs/index.md b/docs/index.md\n--- a/docs/index.md\n+++ b/docs/index.md\n@@ -1 +1 @@\n-# Docs\n+pwned\n' > $D/-001; echo negative=$?
         echo 1 > $D/next; echo 2 > $D/last
         printf 'From: a <a@x>\nSubject: [PATCH] x\nContent-Type: text/plain; charset=UTF-7\n\nmsg\n+AGQ-iff --git a/docs/new.md b/docs/new.md\nnew file mode 100644\nindex 0000000..e69de29\n' > $D/0002; echo utf7=$?
+        rm -f $D/rebasing $D/0002
+        printf "From 0123456789abcdef0123456789abcdef01234567 Mon Sep 17 00:00:00 2001\nFrom: a <a@x>\nSubject: [PATCH] x\n\n---\n" > $D/0003; echo early=$?
+        mkdir $D/rebasing; echo rbdir=$?
+        mkfifo $D/rebasing; echo rbfifo=$?
+        mkdir $D/rb; mv $D/rb $D/rebasing; echo rbmoved=$?; rmdir $D/rb 2>/dev/null
+        touch $D/rebasing; echo rbfile=$?
+        rm -f $D/0003 $D/rebasing
         echo t > $D/threeway; echo threeway=$?
         echo f > $D/threeway; echo threewayf=$?
         echo "'--directory=docs'" > $D/apply-opt; echo opt=$?
@@ -2353,12 +2360,12 @@ fn patches_git_am_would_apply_change_only_paths_in_scope() {
         "#
     );
     let (_, m, ctx) = evil(&l, &script);
-    for k in ["am", "first", "rebasing", "threewayf", "optok"] {
-        assert_eq!(m[k], "0", "{k} failed\n{ctx}");
+    for k in ["am", "first", "rebasing", "early", "threewayf", "optok"] {
+        assert_eq!(m.get(k).map(String::as_str), Some("0"), "{k} failed\n{ctx}");
     }
     for k in [
         "planted", "moved", "renamed", "base64", "named", "unborn", "charset", "longid",
-        "negative", "utf7", "threeway", "opt",
+        "negative", "utf7", "rbdir", "rbfifo", "rbmoved", "rbfile", "threeway", "opt",
     ] {
         assert_ne!(m[k], "0", "{k} was allowed\n{ctx}");
     }

@@ -1011,7 +1011,8 @@ impl Fs {
         }
         let st = super::sys::stat_at(dir, name)?;
         let text = match st.st_mode & libc::S_IFMT {
-            libc::S_IFDIR => return Ok(()),
+            // (A directory counts as `rebasing` too: git asks only whether it is there.)
+            libc::S_IFDIR if commit_list_kind(rel) != Some(ListKind::Rebasing) => return Ok(()),
             libc::S_IFREG if st.st_nlink <= 1 => super::sys::open_read_at(dir, name)
                 .ok()
                 .and_then(|f| super::hash::read_small(&f, STATE_MAX)),
@@ -1487,6 +1488,17 @@ impl Fs {
                 "git: a reflog only grows by git's own lines",
             )),
         }
+    }
+
+    /// A git state file about to be made empty ([`ListKind::Rebasing`]): judged before it
+    /// exists, as its close would judge it.
+    pub(crate) fn check_state_now(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        rel: &Path,
+    ) -> Result<()> {
+        self.check_state_file(ident, caller, rel, b"", true)
     }
 
     /// A todo list that runs commands, or a state file naming commits it may not.

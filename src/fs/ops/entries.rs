@@ -35,6 +35,33 @@ impl Fs {
             rel.parent().unwrap_or(Path::new("")),
             name,
         )?;
+        // A git state file is made only as git makes it, a file created and written: some
+        // count by being there (`rebase-apply/rebasing`: `git am` then applies the commits
+        // its mails name, and an attack pass made it with mkdir, mkfifo and mknod, which
+        // no write or close check sees). Such a one is judged as it is made.
+        // (Directories of reflogs, `logs/refs/heads/<dir>`, are made as directories.)
+        if let Some(kind) = crate::fs::gitrefs::commit_list_kind(&rel) {
+            let rebasing = kind == crate::fs::gitrefs::ListKind::Rebasing;
+            if matches!(op, Operation::Mknod | Operation::Symlink)
+                || (op == Operation::Mkdir && rebasing)
+            {
+                return Err(self.git_denial(
+                    &ident,
+                    caller,
+                    op,
+                    &rel,
+                    format!(
+                        "{} is a git state file: git makes it as a file and writes it, never as a directory, a device, a FIFO or a symlink",
+                        rel.display()
+                    ),
+                    "Let git write its own state (rebase, am, merge, cherry-pick).",
+                    "git: state files are made as git makes them",
+                ));
+            }
+            if rebasing && op == Operation::Create {
+                self.check_state_now(&ident, caller, &rel)?;
+            }
+        }
         self.watch_dir_fd(&p, pfd.as_fd());
         Ok(NewEntry {
             pfd,

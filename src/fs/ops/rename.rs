@@ -417,6 +417,25 @@ impl Fs {
                 "git: packs and indexes are never replaced",
             ));
         }
+        // (`rebase-apply/rebasing` counts by being there, a directory too: git makes it a
+        // file.)
+        if r.src_dir
+            && crate::fs::gitrefs::commit_list_kind(&r.to)
+                == Some(crate::fs::gitrefs::ListKind::Rebasing)
+        {
+            return Err(self.git_denial(
+                &ident,
+                caller,
+                Operation::Rename,
+                &r.to,
+                format!(
+                    "{} is a git state file: git makes it as a file, never as a directory",
+                    r.to.display()
+                ),
+                "Let git write its own state (rebase, am, merge, cherry-pick).",
+                "git: state files are made as git makes them",
+            ));
+        }
         if !r.src_dir {
             if crate::policy::git::loose_object_id(&r.to).is_some() {
                 let f = sys::open_read_at(r.pfd.as_fd(), r.name).ok();
