@@ -1237,8 +1237,12 @@ fn a_rebase_todo_cannot_be_planted_by_a_rename_a_link_or_a_symlink() {
     let Some(l) = layout() else { return };
     let _m = l.mount_env(MOUNT, &[]);
     let marker = l.root.join("pwned-rebase-route");
+    // (The paused rebase's head is an in-scope commit of the agent's: a todo's `pick` is
+    // applied again by the human's `--continue`, so it must change only in-scope paths,
+    // whether a ref reaches it or not.)
     let script = format!(
-        r#"{rebase}
+        r#"echo 'export const t = 1;' >> src/auth/session.ts && git commit -qam scoped
+        {rebase}
         printf 'pick %s x\n' $H > $D/git-rebase-todo; echo clean=$?
         cp -r $D .git/rm2 && echo "exec touch {m}" > .git/rm2/git-rebase-todo; echo planted=$?
         rm -rf $D; mv .git/rm2 $D; echo dir_rename=$?
@@ -2571,4 +2575,47 @@ echo done=$?
     );
     git_in(&l, "status");
     assert!(!Path::new("/tmp/intentfs-pwned-orphan").exists());
+}
+
+/// A commit git applies again — a rebase todo's `pick`, a mail's `From <id>` in a rebase
+/// with `git am` — is judged by its own changes whether a ref reaches it or not: an attack
+/// pass named a human's commit on another branch, which changes a file outside the
+/// agent's scope, and the human's `git am --skip` applied it to the current branch.
+#[test]
+fn existing_out_of_scope_commits_are_not_applied_again() {
+    let Some(l) = layout() else { return };
+    ok(
+        sh_in(
+            &l.ws,
+            &format!(
+                "git -c safe.directory='*' checkout -q -b docs-change && echo '# Theirs' > docs/index.md \
+                 && git -c safe.directory='*' -c user.name=h -c user.email=h@x commit -qam docs \
+                 && git -c safe.directory='*' checkout -q - && chown -R {AGENT_UID}:{AGENT_UID} .git docs"
+            ),
+        ),
+        "the human's branch",
+    );
+    let _m = l.mount_env(MOUNT, &[]);
+    let script = format!(
+        r#"R=$(git rev-parse docs-change)
+        {rebase}
+        printf "pick $R x\n" > $D/git-rebase-todo; echo pick=$?
+        rm -rf $D
+        A=.git/rebase-apply; mkdir $A; echo 1 > $A/next; echo 1 > $A/last
+        printf "From $R Mon Sep 17 00:00:00 2001\nFrom: a <a@x>\nSubject: [PATCH] x\n\n---\n" > $A/0001; echo mail=$?
+        "#,
+        rebase = PAUSED_REBASE,
+    );
+    let (_, m, ctx) = evil(&l, &script);
+    for k in ["pick", "mail"] {
+        assert!(
+            m.get(k).is_some_and(|v| v != "0"),
+            "{k} was allowed (or not tried)\n{ctx}"
+        );
+    }
+    let _ = sh_in(
+        &l.ws,
+        "touch .git/rebase-apply/rebasing; git -c safe.directory='*' am --skip >/dev/null 2>&1",
+    );
+    assert_eq!(ws_text(&l, "docs/index.md"), "# Docs\n");
 }

@@ -292,54 +292,77 @@ impl Fs {
             return Ok(0);
         };
         let commits: Vec<&str> = list.lines().filter(|l| is_oid(l)).collect();
-        let intent = ident.intent();
-        for c in &commits {
-            let parents =
-                git(&gitdir, &["rev-list", "--parents", "-n", "1", c]).unwrap_or_default();
-            let merge = parents.split_whitespace().count() > 2;
-            // A merge: what differs from every parent (`--cc`); else against its parent.
-            let how = if merge { "--cc" } else { "--root" };
-            let args = [
+        self.check_commit_paths(ident, caller, rel, refname, &commits)
+    }
+
+    /// Refuse when one of `commits` (full ids) changes a path outside the identity's scope:
+    /// each against its parent (a merge against every parent, `--cc`).
+    fn check_commit_paths(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        rel: &Path,
+        refname: &str,
+        commits: &[&str],
+    ) -> Result<usize> {
+        let Some(gitdir) = self.root_gitdir(rel) else {
+            return Ok(0);
+        };
+        if commits.is_empty() {
+            return Ok(0);
+        }
+        // One `diff-tree` for all: each commit's id, then the paths it changes (a merge:
+        // those that differ from every parent, `--cc`).
+        let input: String = commits.iter().map(|c| format!("{c}\n")).collect();
+        let Some(out) = git_with(
+            &gitdir,
+            &[
                 "diff-tree",
+                "--stdin",
                 "-r",
-                "--no-commit-id",
                 "--name-only",
                 "-z",
-                how,
-                c,
-            ];
-            let Some(paths) = git(&gitdir, &args) else {
+                "--root",
+                "--cc",
+            ],
+            Some(&input),
+        ) else {
+            return Ok(0);
+        };
+        let intent = ident.intent();
+        let mut c = "";
+        for p in out.split('\0').filter(|p| !p.is_empty()) {
+            if let Some(id) = commits.iter().find(|id| **id == p) {
+                c = id;
                 continue;
-            };
-            for p in paths.split('\0').filter(|p| !p.is_empty() && !is_oid(p)) {
-                let path = Path::new(p);
-                if let Err(d) =
-                    self.gate
-                        .guard
-                        .check_write(intent.as_deref(), Operation::Commit, path, false)
-                {
-                    if self.gate.temps.covers(&ident.key, path) {
-                        continue;
-                    }
-                    let short = &c[..12.min(c.len())];
-                    let denial = Denial::new(
-                        if d.code == Code::NoIntent { Code::NoIntent } else { Code::ScopeViolation },
-                        Operation::Commit,
-                        rel,
-                        intent.as_deref(),
-                        format!(
-                            "{refname} {short}: that commit changes {p}, which {}",
-                            d.message.trim_start_matches(p).trim_start()
-                        ),
-                        format!(
-                            "Commit only files inside your scope: `git reset --soft HEAD~1`, unstage {p} \
-                             (`git restore --staged {p}`), and commit again. {}",
-                            d.remedy
-                        ),
-                    )
-                    .with_rule(d.rule);
-                    return Err(self.gate.deny(ident, caller, denial));
+            }
+            let path = Path::new(p);
+            if let Err(d) =
+                self.gate
+                    .guard
+                    .check_write(intent.as_deref(), Operation::Commit, path, false)
+            {
+                if self.gate.temps.covers(&ident.key, path) {
+                    continue;
                 }
+                let short = &c[..12.min(c.len())];
+                let denial = Denial::new(
+                    if d.code == Code::NoIntent { Code::NoIntent } else { Code::ScopeViolation },
+                    Operation::Commit,
+                    rel,
+                    intent.as_deref(),
+                    format!(
+                        "{refname} {short}: that commit changes {p}, which {}",
+                        d.message.trim_start_matches(p).trim_start()
+                    ),
+                    format!(
+                        "Commit only files inside your scope: `git reset --soft HEAD~1`, unstage {p} \
+                         (`git restore --staged {p}`), and commit again. {}",
+                        d.remedy
+                    ),
+                )
+                .with_rule(d.rule);
+                return Err(self.gate.deny(ident, caller, denial));
             }
         }
         Ok(commits.len())
@@ -1147,7 +1170,9 @@ impl Fs {
         }
         let commits: Vec<&str> = commits.iter().map(String::as_str).collect();
         let what = format!("{} would have git apply", rel.display());
-        self.check_new_commits(ident, caller, rel, &what, &commits)
+        self.check_new_commits(ident, caller, rel, &what, &commits)?;
+        // (Applied, as a todo's pick: whether a ref reaches it or not.)
+        self.check_commit_paths(ident, caller, rel, &what, &commits)
             .map(drop)
     }
 
@@ -1386,8 +1411,15 @@ impl Fs {
             }
         }
         let what = format!("{} would have git apply", rel.display());
-        self.check_new_commits(ident, caller, rel, &what, &commits)
-            .map(drop)
+        self.check_new_commits(ident, caller, rel, &what, &commits)?;
+        // A todo list's commits are applied, their own changes on top of HEAD, whether a
+        // ref reaches them or not: a `pick` of a human's out-of-scope commit from another
+        // branch, or of one reverted in history, would have the human's `git rebase
+        // --continue` apply it again (an attack pass).
+        if kind == ListKind::Todo {
+            self.check_commit_paths(ident, caller, rel, &what, &commits)?;
+        }
+        Ok(())
     }
 
     /// Before a write through a handle of a rebase todo list: refuse when the file, with
