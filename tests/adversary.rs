@@ -2396,6 +2396,26 @@ fn patches_git_am_would_apply_change_only_paths_in_scope() {
     assert!(refused.len() >= 4, "{refused:#?}\n{ctx}");
 }
 
+/// Run `script` as the agent's uid straight on the mount, not under `intentfs run`: the
+/// mount's default identity, whose processes no cgroup of the daemon's holds. Its
+/// `key=value` markers, and its output for messages.
+fn as_default_identity(
+    l: &Layout,
+    script: &str,
+) -> (std::collections::HashMap<String, String>, String) {
+    let mut c = Command::new("setpriv");
+    c.args([
+        format!("--reuid={AGENT_UID}"),
+        format!("--regid={AGENT_UID}"),
+        "--clear-groups".into(),
+    ])
+    .args(["sh", "-c", script])
+    .current_dir(&l.mnt);
+    let out = run_timeout(c, Duration::from_secs(60));
+    let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    (markers(&out.stdout), ctx)
+}
+
 /// With `--data passthrough` a shared mapping writes the backing file without the daemon
 /// and outlives the handle's release: a handle whose file is mapped keeps its lease until
 /// the mapping goes, and a file about to be trusted (here `config.lock` becoming
@@ -2465,19 +2485,7 @@ PY
 echo done=$?
 "#
     );
-    // (Straight on the mount, not under `intentfs run`: the mount's default identity, whose
-    // processes no cgroup of the daemon's holds.)
-    let mut c = Command::new("setpriv");
-    c.args([
-        format!("--reuid={AGENT_UID}"),
-        format!("--regid={AGENT_UID}"),
-        "--clear-groups".into(),
-    ])
-    .args(["sh", "-c", &script])
-    .current_dir(&l.mnt);
-    let out = run_timeout(c, Duration::from_secs(60));
-    let m = markers(&out.stdout);
-    let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    let (m, ctx) = as_default_identity(&l, &script);
     assert_eq!(m["done"], "0", "{ctx}");
     let config = ws_text(&l, ".git/config");
     assert!(
@@ -2551,17 +2559,7 @@ PY
 echo done=$?
 "#
     );
-    let mut c = Command::new("setpriv");
-    c.args([
-        format!("--reuid={AGENT_UID}"),
-        format!("--regid={AGENT_UID}"),
-        "--clear-groups".into(),
-    ])
-    .args(["sh", "-c", &script])
-    .current_dir(&l.mnt);
-    let out = run_timeout(c, Duration::from_secs(60));
-    let m = markers(&out.stdout);
-    let ctx = format!("{}\n{}", text(&out.stdout), text(&out.stderr));
+    let (m, ctx) = as_default_identity(&l, &script);
     assert_eq!(m["done"], "0", "{ctx}");
     let config = ws_text(&l, ".git/config");
     assert!(
