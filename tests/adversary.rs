@@ -2416,16 +2416,12 @@ fn as_default_identity(
     (markers(&out.stdout), ctx)
 }
 
-/// With `--data passthrough` a shared mapping writes the backing file without the daemon
-/// and outlives the handle's release: a handle whose file is mapped keeps its lease until
-/// the mapping goes, and a file about to be trusted (here `config.lock` becoming
-/// `.git/config`) is not put into place while it does. The search for the mapping went from
-/// the processes the handle knew, at most 64: an attack pass closed the descriptor in 70
-/// short-lived children first, then kept the mapping in an orphaned grandchild, and wrote
-/// `core.fsmonitor` into `.git/config` through it after the rename. A closer the handle
-/// cannot keep track of now makes the search look at every process.
-#[test]
-fn a_mapping_hidden_from_the_handles_processes_does_not_reach_the_config() {
+/// Mount with `--data passthrough`, run `attack` (Python, after a prelude that gives it
+/// `libc.mmap`/`munmap`/`msync`, `PAY` — a `core.fsmonitor` touching `marker` — and `new`,
+/// the current `.git/config`, of `size` bytes) as the mount's default identity, and check
+/// that `.git/config` never held the payload: `attack` prints `renamed=<errno>` for its
+/// rename of `config.lock` onto `config`, which must have been refused.
+fn mapped_config_lock_stays_out(attack: &str, marker: &str) {
     let Some(l) = layout() else { return };
     ok(
         sh_in(&l.ws, &format!("chown -R {AGENT_UID}:{AGENT_UID} .git")),
@@ -2446,11 +2442,44 @@ libc.mmap.restype = ctypes.c_void_p
 libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
 libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-PAY = b"[core]\n\tfsmonitor = touch /tmp/intentfs-pwned-map; false\n"
+PAY = b"[core]\n\tfsmonitor = touch {marker}; false\n"
 new = open('.git/config', 'rb').read()
+size = len(new)
+{attack}
+PY
+echo done=$?
+"#
+    );
+    let (m, ctx) = as_default_identity(&l, &script);
+    assert_eq!(m["done"], "0", "{ctx}");
+    let config = ws_text(&l, ".git/config");
+    assert!(
+        !config.contains("fsmonitor"),
+        "the mapping wrote .git/config (renamed={}):\n{config}\n{ctx}",
+        m["renamed"]
+    );
+    assert_ne!(
+        m["renamed"], "0",
+        "the mapped lock was put into place\n{ctx}"
+    );
+    git_in(&l, "status");
+    assert!(!Path::new(marker).exists());
+}
+
+/// With `--data passthrough` a shared mapping writes the backing file without the daemon
+/// and outlives the handle's release: a handle whose file is mapped keeps its lease until
+/// the mapping goes, and a file about to be trusted (here `config.lock` becoming
+/// `.git/config`) is not put into place while it does. The search for the mapping went from
+/// the processes the handle knew, at most 64: an attack pass closed the descriptor in 70
+/// short-lived children first, then kept the mapping in an orphaned grandchild, and wrote
+/// `core.fsmonitor` into `.git/config` through it after the rename. A closer the handle
+/// cannot keep track of now makes the search look at every process.
+#[test]
+fn a_mapping_hidden_from_the_handles_processes_does_not_reach_the_config() {
+    mapped_config_lock_stays_out(
+        r#"
 fd = os.open('.git/config.lock', os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
 os.write(fd, new)
-size = len(new)
 m = libc.mmap(None, 4096, 3, 1, fd, 0)
 for _ in range(70):
     pid = os.fork()
@@ -2480,25 +2509,9 @@ try:
     os.rename('.git/config.lock', '.git/config'); print('renamed=0')
 except OSError as e:
     print('renamed=%d' % e.errno)
-time.sleep(4)
-PY
-echo done=$?
-"#
+time.sleep(4)"#,
+        "/tmp/intentfs-pwned-map",
     );
-    let (m, ctx) = as_default_identity(&l, &script);
-    assert_eq!(m["done"], "0", "{ctx}");
-    let config = ws_text(&l, ".git/config");
-    assert!(
-        !config.contains("fsmonitor"),
-        "the mapping wrote .git/config (renamed={}):\n{config}\n{ctx}",
-        m["renamed"]
-    );
-    assert_ne!(
-        m["renamed"], "0",
-        "the mapped lock was put into place\n{ctx}"
-    );
-    git_in(&l, "status");
-    assert!(!Path::new("/tmp/intentfs-pwned-map").exists());
 }
 
 /// The same route for the mount's default identity (no `intentfs run`, no cgroup of its
@@ -2509,28 +2522,8 @@ echo done=$?
 /// place while the child can still write it.
 #[test]
 fn a_mapping_handed_to_an_orphan_of_the_default_identity_does_not_reach_the_config() {
-    let Some(l) = layout() else { return };
-    ok(
-        sh_in(&l.ws, &format!("chown -R {AGENT_UID}:{AGENT_UID} .git")),
-        "chown",
-    );
-    let args: Vec<&str> = MOUNT
-        .iter()
-        .copied()
-        .chain(["--data", "passthrough"])
-        .collect();
-    let _m = l.mount_env(&args, &[]);
-    let script = format!(
+    mapped_config_lock_stays_out(
         r#"
-{PY} - <<'PY'
-import os, time, ctypes
-libc = ctypes.CDLL(None, use_errno=True)
-libc.mmap.restype = ctypes.c_void_p
-libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-PAY = b"[core]\n\tfsmonitor = touch /tmp/intentfs-pwned-orphan; false\n"
-new = open('.git/config', 'rb').read()
-size = len(new)
 p = os.fork()
 if p == 0:
     fd = os.open('.git/config.lock', os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -2554,25 +2547,9 @@ try:
     os.rename('.git/config.lock', '.git/config'); print('renamed=0')
 except OSError as e:
     print('renamed=%d' % e.errno)
-time.sleep(4)
-PY
-echo done=$?
-"#
+time.sleep(4)"#,
+        "/tmp/intentfs-pwned-orphan",
     );
-    let (m, ctx) = as_default_identity(&l, &script);
-    assert_eq!(m["done"], "0", "{ctx}");
-    let config = ws_text(&l, ".git/config");
-    assert!(
-        !config.contains("fsmonitor"),
-        "the orphan's mapping wrote .git/config (renamed={}):\n{config}\n{ctx}",
-        m["renamed"]
-    );
-    assert_ne!(
-        m["renamed"], "0",
-        "the mapped lock was put into place\n{ctx}"
-    );
-    git_in(&l, "status");
-    assert!(!Path::new("/tmp/intentfs-pwned-orphan").exists());
 }
 
 /// A commit git applies again — a rebase todo's `pick`, a mail's `From <id>` in a rebase

@@ -272,15 +272,40 @@ impl Fs {
         refname: &str,
         news: &[&str],
     ) -> Result<usize> {
-        let Some(gitdir) = self.root_gitdir(rel) else {
-            return Ok(0);
+        let commits = self.new_commits(rel, news);
+        let commits: Vec<&str> = commits.iter().map(String::as_str).collect();
+        self.check_commit_paths(ident, caller, rel, refname, &commits)
+    }
+
+    /// Refuse when a commit git would apply again — `named` (a todo's `pick`, a rebasing
+    /// mail's `From <id>`), whether a ref reaches it or not, or one they bring that no
+    /// local ref has — changes a path outside `ident`'s scope. (A `pick` of a human's
+    /// out-of-scope commit from another branch, or of one reverted in history, would have
+    /// the human's `git rebase --continue` apply it again: an attack pass.)
+    fn check_applied_commits(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        rel: &Path,
+        what: &str,
+        named: &[&str],
+    ) -> Result<()> {
+        let mut commits = self.new_commits(rel, named);
+        commits.extend(named.iter().map(|c| c.to_string()));
+        commits.sort();
+        commits.dedup();
+        let commits: Vec<&str> = commits.iter().map(String::as_str).collect();
+        self.check_commit_paths(ident, caller, rel, what, &commits)
+            .map(drop)
+    }
+
+    /// The commits `news` bring that no local ref has (one `rev-list` for all of them):
+    /// what only remote-tracking refs reach counts as new, since those that predate the
+    /// mount (a human's fetch) were never checked.
+    fn new_commits(&self, rel: &Path, news: &[&str]) -> Vec<String> {
+        let Some(gitdir) = self.root_gitdir(rel).filter(|_| !news.is_empty()) else {
+            return Vec::new();
         };
-        if news.is_empty() {
-            return Ok(0);
-        }
-        // The commits no local ref has (one `rev-list` for all of `news`): what only
-        // remote-tracking refs reach counts as new, since those that predate the mount (a
-        // human's fetch) were never checked.
         let mut args = vec!["rev-list"];
         args.extend_from_slice(news);
         args.extend(["--not", "--exclude=refs/remotes/*", "--all"]);
@@ -289,10 +314,12 @@ impl Fs {
                 ?news,
                 "git rev-list: git could not read the repository; commits not checked"
             );
-            return Ok(0);
+            return Vec::new();
         };
-        let commits: Vec<&str> = list.lines().filter(|l| is_oid(l)).collect();
-        self.check_commit_paths(ident, caller, rel, refname, &commits)
+        list.lines()
+            .filter(|l| is_oid(l))
+            .map(str::to_string)
+            .collect()
     }
 
     /// Refuse when one of `commits` (full ids) changes a path outside the identity's scope:
@@ -329,43 +356,64 @@ impl Fs {
         ) else {
             return Ok(0);
         };
-        let intent = ident.intent();
         let mut c = "";
         for p in out.split('\0').filter(|p| !p.is_empty()) {
             if let Some(id) = commits.iter().find(|id| **id == p) {
                 c = id;
                 continue;
             }
-            let path = Path::new(p);
-            if let Err(d) =
-                self.gate
-                    .guard
-                    .check_write(intent.as_deref(), Operation::Commit, path, false)
-            {
-                if self.gate.temps.covers(&ident.key, path) {
-                    continue;
-                }
-                let short = &c[..12.min(c.len())];
-                let denial = Denial::new(
-                    if d.code == Code::NoIntent { Code::NoIntent } else { Code::ScopeViolation },
-                    Operation::Commit,
-                    rel,
-                    intent.as_deref(),
-                    format!(
-                        "{refname} {short}: that commit changes {p}, which {}",
-                        d.message.trim_start_matches(p).trim_start()
-                    ),
+            let short = &c[..12.min(c.len())];
+            self.in_scope(ident, caller, rel, Operation::Commit, p, |why, remedy| {
+                (
+                    format!("{refname} {short}: that commit changes {p}, which {why}"),
                     format!(
                         "Commit only files inside your scope: `git reset --soft HEAD~1`, unstage {p} \
-                         (`git restore --staged {p}`), and commit again. {}",
-                        d.remedy
+                         (`git restore --staged {p}`), and commit again. {remedy}"
                     ),
                 )
-                .with_rule(d.rule);
-                return Err(self.gate.deny(ident, caller, denial));
-            }
+            })?;
         }
         Ok(commits.len())
+    }
+
+    /// Refuse `op` on `rel` because of `path`, a path it would have git change, when
+    /// `ident` may not change that path (and it is no temporary of the identity's): the
+    /// guard's refusal, worded by `say(why, remedy)` from the guard's own reason and remedy.
+    fn in_scope(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        rel: &Path,
+        op: Operation,
+        path: &str,
+        say: impl FnOnce(&str, &str) -> (String, String),
+    ) -> Result<()> {
+        let intent = ident.intent();
+        let Err(d) = self
+            .gate
+            .guard
+            .check_write(intent.as_deref(), op, Path::new(path), false)
+        else {
+            return Ok(());
+        };
+        if self.gate.temps.covers(&ident.key, Path::new(path)) {
+            return Ok(());
+        }
+        let (message, remedy) = say(d.message.trim_start_matches(path).trim_start(), &d.remedy);
+        let denial = Denial::new(
+            if d.code == Code::NoIntent {
+                Code::NoIntent
+            } else {
+                Code::ScopeViolation
+            },
+            op,
+            rel,
+            intent.as_deref(),
+            message,
+            remedy,
+        )
+        .with_rule(d.rule);
+        Err(self.gate.deny(ident, caller, denial))
     }
 }
 
@@ -1088,31 +1136,6 @@ impl Fs {
         self.gate.deny(ident, caller, d)
     }
 
-    /// May `from` (`<git dir>/config.lock`, `name` in `dir`) be renamed onto `to`, the git
-    /// directory's `config`? Only a regular file of one name, closed (see
-    /// [`Fs::writers_gone`]), holding the configuration now at `to` with `[branch "…"]`
-    /// sections renamed or removed and nothing else changed
-    /// ([`crate::policy::git::branch_sections_only`]): what `git branch -m` and `-d` write.
-    /// (The rename judges the content again under its locks, [`Fs::check_config_content`].)
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn check_config_swap(
-        &self,
-        ident: &Identity,
-        caller: &Caller,
-        dir: std::os::fd::BorrowedFd<'_>,
-        name: &std::ffi::OsStr,
-        to_dir: std::os::fd::BorrowedFd<'_>,
-        src: &super::sys::Stat,
-        from: &Path,
-        to: &Path,
-    ) -> Result<()> {
-        let node = self.table.by_backing(src.st_dev, src.st_ino);
-        if node.is_some_and(|n| !self.writers_gone(&n)) {
-            return Err(self.still_open_denial(ident, caller, Operation::Rename, from, to));
-        }
-        self.check_config_content(ident, caller, dir, name, to_dir, src, from, to)
-    }
-
     /// The commits mails in `rebase-apply/` name (see [`ListKind::Rebasing`]): each one
     /// that is a commit here is checked like a ref move; one that is not is refused when
     /// `must_exist` (git would apply it once it exists).
@@ -1170,14 +1193,15 @@ impl Fs {
         }
         let commits: Vec<&str> = commits.iter().map(String::as_str).collect();
         let what = format!("{} would have git apply", rel.display());
-        self.check_new_commits(ident, caller, rel, &what, &commits)?;
-        // (Applied, as a todo's pick: whether a ref reaches it or not.)
-        self.check_commit_paths(ident, caller, rel, &what, &commits)
-            .map(drop)
+        self.check_applied_commits(ident, caller, rel, &what, &commits)
     }
 
-    /// The content half of [`Fs::check_config_swap`]: `src` (the stat of `from`) a regular
-    /// file of one name, holding only `[branch]` section changes of `to`'s configuration.
+    /// May `from` (`<git dir>/config.lock`, `name` in `dir`, `src` its stat) be renamed onto
+    /// `to`, the git directory's `config`? Only a regular file of one name holding the
+    /// configuration now at `to` with `[branch "…"]` sections renamed or removed and nothing
+    /// else changed ([`crate::policy::git::branch_sections_only`]): what `git branch -m` and
+    /// `-d` write. (The rename also waits for its writers to close, and judges it again
+    /// under its locks.)
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn check_config_content(
         &self,
@@ -1229,6 +1253,29 @@ impl Fs {
             )));
         }
         Ok(())
+    }
+
+    /// The refusal of a git state file (`rel`) made other than as git makes it — a file
+    /// created and written — by `op`: a directory, a device, a FIFO or a symlink.
+    pub(crate) fn state_shape_denial(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        op: Operation,
+        rel: &Path,
+    ) -> super::FsError {
+        self.git_denial(
+            ident,
+            caller,
+            op,
+            rel,
+            format!(
+                "{} is a git state file: git makes it as a file and writes it, never as a directory, a device, a FIFO or a symlink",
+                rel.display()
+            ),
+            "Let git write its own state (rebase, am, merge, cherry-pick).",
+            "git: state files are made as git makes them",
+        )
     }
 
     /// The refusal of a file still open for writing that would become a ref, a git state
@@ -1411,15 +1458,12 @@ impl Fs {
             }
         }
         let what = format!("{} would have git apply", rel.display());
-        self.check_new_commits(ident, caller, rel, &what, &commits)?;
-        // A todo list's commits are applied, their own changes on top of HEAD, whether a
-        // ref reaches them or not: a `pick` of a human's out-of-scope commit from another
-        // branch, or of one reverted in history, would have the human's `git rebase
-        // --continue` apply it again (an attack pass).
+        // (A todo list's commits are applied again, their own changes on top of HEAD.)
         if kind == ListKind::Todo {
-            self.check_commit_paths(ident, caller, rel, &what, &commits)?;
+            return self.check_applied_commits(ident, caller, rel, &what, &commits);
         }
-        Ok(())
+        self.check_new_commits(ident, caller, rel, &what, &commits)
+            .map(drop)
     }
 
     /// Before a write through a handle of a rebase todo list: refuse when the file, with
@@ -1448,11 +1492,8 @@ impl Fs {
         text[offset as usize..end].copy_from_slice(data);
         // (Judged whole, its last line too: git writes such a file in one write, which
         // reaches the daemon in one request below the 1 MiB cap; a handle kept open with
-        // a line held back must not wait for a close that may never come. Not a patch:
-        // `git mailsplit` writes a mail through stdio, in 4 KiB pieces that end
-        // mid-line, so its last line is judged at the close.)
-        let complete = commit_list_kind(&rel) != Some(ListKind::Patch);
-        self.check_state_file(&h.identity, &h.caller, &rel, &text, complete)
+        // a line held back must not wait for a close that may never come.)
+        self.check_state_file(&h.identity, &h.caller, &rel, &text, true)
     }
 
     /// At the close of a handle of a git state file: the whole of what it leaves (its writes
@@ -1522,19 +1563,8 @@ impl Fs {
         }
     }
 
-    /// A git state file about to be made empty ([`ListKind::Rebasing`]): judged before it
-    /// exists, as its close would judge it.
-    pub(crate) fn check_state_now(
-        &self,
-        ident: &Identity,
-        caller: &Caller,
-        rel: &Path,
-    ) -> Result<()> {
-        self.check_state_file(ident, caller, rel, b"", true)
-    }
-
     /// A todo list that runs commands, or a state file naming commits it may not.
-    fn check_state_file(
+    pub(crate) fn check_state_file(
         &self,
         ident: &Identity,
         caller: &Caller,
@@ -1549,7 +1579,7 @@ impl Fs {
             commit_list_kind(rel),
             Some(ListKind::Patch | ListKind::ApplyOpts | ListKind::Rebasing)
         ) {
-            return self.check_patch(ident, caller, rel, text, complete);
+            return self.check_patch(ident, caller, rel, text);
         }
         self.check_named_commits(ident, caller, rel, text, complete)
     }
@@ -1563,7 +1593,6 @@ impl Fs {
         caller: &Caller,
         rel: &Path,
         text: &[u8],
-        complete: bool,
     ) -> Result<()> {
         if self.root_gitdir(rel).is_none() {
             return Ok(());
@@ -1627,9 +1656,7 @@ impl Fs {
             }
             return Ok(());
         }
-        // (Whether the last line is complete does not matter here: git reads what is
-        // there, as the human's `git am` would if it ran now.)
-        let _ = complete;
+        // (Judged as git reads what is there now, as the human's `git am` would.)
         let mail = rel.file_name().is_some_and(|n| n != "patch");
         // The commit a mail names: what `git am` applies instead of its diff once
         // `rebasing` is there (then it must exist; otherwise it is checked when it does).
@@ -1662,39 +1689,13 @@ impl Fs {
         {
             return Err(refuse(format!("{p:?} is not a worktree path")));
         }
-        let intent = ident.intent();
         for p in &paths {
-            let path = Path::new(p);
-            if let Err(d) =
-                self.gate
-                    .guard
-                    .check_write(intent.as_deref(), Operation::Write, path, false)
-            {
-                if self.gate.temps.covers(&ident.key, path) {
-                    continue;
-                }
-                let denial = Denial::new(
-                    if d.code == Code::NoIntent {
-                        Code::NoIntent
-                    } else {
-                        Code::ScopeViolation
-                    },
-                    Operation::Write,
-                    rel,
-                    intent.as_deref(),
-                    format!(
-                        "{}: the patch changes {p}, which {}",
-                        rel.display(),
-                        d.message.trim_start_matches(p.as_str()).trim_start()
-                    ),
-                    format!(
-                        "Apply only patches that change files inside your scope. {}",
-                        d.remedy
-                    ),
+            self.in_scope(ident, caller, rel, Operation::Write, p, |why, remedy| {
+                (
+                    format!("{}: the patch changes {p}, which {why}", rel.display()),
+                    format!("Apply only patches that change files inside your scope. {remedy}"),
                 )
-                .with_rule(d.rule);
-                return Err(self.gate.deny(ident, caller, denial));
-            }
+            })?;
         }
         Ok(())
     }

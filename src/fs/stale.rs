@@ -750,10 +750,7 @@ impl Fs {
         if untracked {
             // (Rare: a handle closed by more than 64 processes, or handed to another
             // identity. Every process is looked at: hundreds of small reads.)
-            return all_pids()
-                .into_iter()
-                .filter(|&p| maps_shared(p, ino, &devs))
-                .collect();
+            return every_mapper(ino, &devs);
         }
         let mut seen = Vec::new();
         let mut found = Vec::new();
@@ -770,10 +767,7 @@ impl Fs {
         // looked at instead, as for untracked closers.)
         while let Some(pid) = todo.pop() {
             if seen.len() >= 512 {
-                return all_pids()
-                    .into_iter()
-                    .filter(|&p| maps_shared(p, ino, &devs))
-                    .collect();
+                return every_mapper(ino, &devs);
             }
             if seen.contains(&pid) {
                 continue;
@@ -790,10 +784,7 @@ impl Fs {
         // child nobody's descendant now. Before the file is taken as unmapped (and may be
         // put into place as a ref or `.git/config`), every process is looked at.
         if found.is_empty() && !also.is_empty() && no_roots {
-            return all_pids()
-                .into_iter()
-                .filter(|&p| maps_shared(p, ino, &devs))
-                .collect();
+            return every_mapper(ino, &devs);
         }
         found
     }
@@ -1300,12 +1291,14 @@ fn query_shared(maps: &std::fs::File, ino: u64, devs: &[u64]) -> Option<bool> {
 }
 
 /// The children of every thread of `pid` (`/proc/PID/task/TID/children`).
-/// Every process now (`/proc`'s numeric entries).
-fn all_pids() -> Vec<u32> {
+/// Every process now (`/proc`'s numeric entries) that maps inode `ino` of one of `devs`
+/// shared: the search when the handle's own processes do not tell.
+fn every_mapper(ino: u64, devs: &[u64]) -> Vec<u32> {
     std::fs::read_dir("/proc")
         .map(|d| {
             d.flatten()
                 .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .filter(|&p| maps_shared(p, ino, devs))
                 .collect()
         })
         .unwrap_or_default()

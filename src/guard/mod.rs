@@ -307,7 +307,7 @@ impl Guard {
             }
         }
         // `config.lock` is put onto `config` only as a file of one name (see
-        // `Fs::check_config_swap`): a hard link there would alias the configuration.
+        // `Fs::check_config_content`): a hard link there would alias the configuration.
         if op == Operation::Link && crate::policy::git::config_lock(rel) {
             return Err(protected(
                 op,

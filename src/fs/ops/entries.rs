@@ -45,21 +45,11 @@ impl Fs {
             if matches!(op, Operation::Mknod | Operation::Symlink)
                 || (op == Operation::Mkdir && rebasing)
             {
-                return Err(self.git_denial(
-                    &ident,
-                    caller,
-                    op,
-                    &rel,
-                    format!(
-                        "{} is a git state file: git makes it as a file and writes it, never as a directory, a device, a FIFO or a symlink",
-                        rel.display()
-                    ),
-                    "Let git write its own state (rebase, am, merge, cherry-pick).",
-                    "git: state files are made as git makes them",
-                ));
+                return Err(self.state_shape_denial(&ident, caller, op, &rel));
             }
             if rebasing && op == Operation::Create {
-                self.check_state_now(&ident, caller, &rel)?;
+                // (Judged before it exists, as its close would judge it, empty.)
+                self.check_state_file(&ident, caller, &rel, b"", true)?;
             }
         }
         self.watch_dir_fd(&p, pfd.as_fd());

@@ -356,7 +356,7 @@ impl Fs {
             && crate::policy::git::config_lock(&r.from)
             && r.to == r.from.with_file_name("config");
         if config_swap {
-            self.check_config_swap(
+            self.check_config_content(
                 &ident,
                 caller,
                 r.pfd.as_fd(),
@@ -377,9 +377,9 @@ impl Fs {
             r.to.parent().unwrap_or(Path::new("")),
             r.newname,
         )?;
-        // A file becoming a ref, a git state file or an object, whose content is checked as
-        // it arrives, must not stay open for writing (see `Fs::writers_gone`).
-        if !r.src_dir && checked_name(&r.to) {
+        // A file becoming a ref, a git state file, an object or `.git/config`, whose content
+        // is checked as it arrives, must not stay open for writing (see `Fs::writers_gone`).
+        if !r.src_dir && (checked_name(&r.to) || config_swap) {
             let node = self.table.by_backing(r.src.st_dev, r.src.st_ino);
             if node.is_some_and(|n| !self.writers_gone(&n)) {
                 return Err(self.still_open_denial(
@@ -423,18 +423,7 @@ impl Fs {
             && crate::fs::gitrefs::commit_list_kind(&r.to)
                 == Some(crate::fs::gitrefs::ListKind::Rebasing)
         {
-            return Err(self.git_denial(
-                &ident,
-                caller,
-                Operation::Rename,
-                &r.to,
-                format!(
-                    "{} is a git state file: git makes it as a file, never as a directory",
-                    r.to.display()
-                ),
-                "Let git write its own state (rebase, am, merge, cherry-pick).",
-                "git: state files are made as git makes them",
-            ));
+            return Err(self.state_shape_denial(&ident, caller, Operation::Rename, &r.to));
         }
         if !r.src_dir {
             if crate::policy::git::loose_object_id(&r.to).is_some() {
@@ -747,7 +736,7 @@ struct RenameReq<'a> {
 /// What authorizing a rename decided.
 struct RenameGrant {
     ident: Arc<Identity>,
-    /// `<git dir>/config.lock` onto `config` (see `Fs::check_config_swap`).
+    /// `<git dir>/config.lock` onto `config` (see `Fs::check_config_content`).
     config_swap: bool,
     /// `from` is a temporary of the identity's.
     from_temp: bool,
