@@ -2396,6 +2396,171 @@ fn patches_git_am_would_apply_change_only_paths_in_scope() {
     assert!(refused.len() >= 4, "{refused:#?}\n{ctx}");
 }
 
+/// The human's `git am --abort` resets the worktree to the commit `ORIG_HEAD` names, and
+/// with no `ORIG_HEAD` (or one git cannot read: it then takes a branch named `ORIG_HEAD`)
+/// it deletes the current branch and resets to the empty tree, deleting every tracked file
+/// (an attack pass: a `rebase-apply/` of `next`, `last` and `abort-safety` was enough).
+/// `git rebase --abort` resets to a rebase's `orig-head`, and `merge --abort` applies the
+/// stash `MERGE_AUTOSTASH` names. So an am session begins only while `ORIG_HEAD` names a
+/// commit, which then stays; and what an abort resets to or applies changes only paths in
+/// the scope. The agent's own session, begun as git begins one, works and aborts cleanly.
+#[test]
+fn aborts_reset_only_to_what_the_scope_allows() {
+    let Some(l) = layout() else { return };
+    // The human's history: a later version of a file outside the agent's scope, and a stash
+    // of another change of it.
+    ok(
+        sh_in(
+            &l.ws,
+            &format!(
+                "git -c safe.directory='*' -c user.email=h@x -c user.name=h commit -q --allow-empty -m base && \
+                 echo '# Docs v2' > docs/index.md && \
+                 git -c safe.directory='*' -c user.email=h@x -c user.name=h commit -qam 'docs v2' && \
+                 echo stashed >> docs/index.md && \
+                 git -c safe.directory='*' -c user.email=h@x -c user.name=h stash -q && \
+                 chown -R {AGENT_UID}:{AGENT_UID} . && git -c safe.directory='*' update-index -q --refresh && \
+                 chown {AGENT_UID}:{AGENT_UID} .git/index && rm -f .git/ORIG_HEAD"
+            ),
+        ),
+        "setup",
+    );
+    let _m = l.mount_env(MOUNT, &[]);
+    let script = r#"
+        D=.git/rebase-apply; mkdir $D; git rev-parse HEAD > $D/abort-safety
+        echo 1 > $D/next; echo noorig=$?
+        echo 1 > $D/last; echo noorig2=$?
+        echo 1 > $D/n1; mv $D/n1 $D/next; echo movedin=$?
+        mkdir $D/next; echo mkdir=$?
+        ln -s abort-safety $D/last; echo symlink=$?
+        mkfifo $D/last; echo fifo=$?
+        git branch ORIG_HEAD HEAD~1; echo branch=$?
+        echo 1 > $D/next; echo viabranch=$?
+        git branch -D ORIG_HEAD >/dev/null
+        git rev-parse HEAD~1 > .git/ORIG_HEAD; echo writeback=$?
+        rm -f .git/ORIG_HEAD
+        git update-ref ORIG_HEAD HEAD~1; echo updateback=$?
+        mkdir -p .git/rebase-merge; git rev-parse HEAD~1 > .git/rebase-merge/orig-head; echo rborig=$?
+        rm -rf .git/rebase-merge
+        git rev-parse refs/stash > .git/MERGE_AUTOSTASH; echo autostash=$?
+        rm -f .git/MERGE_AUTOSTASH
+        git update-ref ORIG_HEAD HEAD; echo orig=$?
+        echo 1 > $D/next; echo session=$?
+        echo 1 > $D/last; echo session2=$?
+        rm -f .git/ORIG_HEAD; echo rm=$?
+        truncate -s 0 .git/ORIG_HEAD; echo trunc=$?
+        printf "" > .git/ORIG_HEAD; echo trunc2=$?
+        git update-ref ORIG_HEAD HEAD~1; echo update=$?
+        mv .git/ORIG_HEAD .git/away; echo mvaway=$?
+        test -s .git/ORIG_HEAD; echo kept=$?
+    "#;
+    let (_, m, ctx) = evil(&l, script);
+    // (Another agent: each `run` has a breaker of its own, and this one has had 20 refusals.)
+    let script2 = r#"
+        D=.git/rebase-apply
+        # (An attack pass: HEAD moved to an orphan branch (unborn, the index full) and an
+        # empty commit named: nothing differed from HEAD, and every tracked file would go.
+        # HEAD no longer moves to a tree that differs outside the scope, soft moves
+        # included, and what an abort resets to is judged against the index too.)
+        B=$(git symbolic-ref HEAD)
+        mkdir -p .git/x && mv $D/next $D/last .git/x/ && mv .git/ORIG_HEAD .git/x/; echo ended=$?
+        git reset -q --soft HEAD~1; echo soft=$?
+        git update-ref HEAD HEAD~1; echo updatehead=$?
+        git branch side && git branch -f side HEAD~1; echo branchf=$?
+        echo 'export const y = 1;' >> src/auth/session.ts; git commit -qam mine; echo mine=$?
+        git reset -q --soft HEAD~1; echo softmine=$?
+        git checkout -q -- src/auth/session.ts; echo discarded=$?
+        git checkout -q --orphan tmp; echo orphan=$?
+        E=$(git commit-tree 4b825dc642cb6eb9a060e54bf8d69288fbee4904 -m empty); echo empty=$?
+        git update-ref ORIG_HEAD $E; echo orphanorig=$?
+        rm -f .git/ORIG_HEAD
+        echo 1 > $D/next; echo orphansession=$?
+        mkdir -p .git/rebase-merge; echo $E > .git/rebase-merge/orig-head; echo orphanrb=$?
+        mkdir -p .git/sequencer; echo $E > .git/sequencer/head; echo orphanseq=$?
+        rm -rf .git/rebase-merge .git/sequencer
+        git symbolic-ref HEAD $B; echo back=$?
+        mv .git/x/ORIG_HEAD .git/ && mv .git/x/next .git/x/last $D/; echo restored=$?
+    "#;
+    let (_, m2, ctx2) = evil(&l, script2);
+    let (m, ctx) = (
+        m.into_iter()
+            .chain(m2)
+            .collect::<std::collections::HashMap<_, _>>(),
+        format!("{ctx}\n{ctx2}"),
+    );
+    for k in [
+        "branch",
+        "orig",
+        "session",
+        "session2",
+        "kept",
+        "ended",
+        "mine",
+        "softmine",
+        "discarded",
+        "empty",
+        "back",
+        "restored",
+    ] {
+        assert_eq!(m.get(k).map(String::as_str), Some("0"), "{k} failed\n{ctx}");
+    }
+    for k in [
+        "noorig",
+        "noorig2",
+        "movedin",
+        "mkdir",
+        "symlink",
+        "fifo",
+        "viabranch",
+        "writeback",
+        "updateback",
+        "rborig",
+        "autostash",
+        "rm",
+        "trunc",
+        "trunc2",
+        "update",
+        "mvaway",
+        "soft",
+        "updatehead",
+        "branchf",
+        "orphan",
+        "orphanorig",
+        "orphansession",
+        "orphanrb",
+        "orphanseq",
+    ] {
+        assert_ne!(
+            m.get(k).map(String::as_str),
+            Some("0"),
+            "{k} was allowed\n{ctx}"
+        );
+    }
+    let head = git_in(&l, "rev-parse HEAD");
+    assert_eq!(ws_text(&l, ".git/ORIG_HEAD").trim(), head.trim(), "{ctx}");
+    // The human aborts the session the agent left: back to where it began, nothing else.
+    git_in(&l, "am --abort");
+    assert_eq!(git_in(&l, "rev-parse HEAD"), head);
+    assert_eq!(ws_text(&l, "docs/index.md"), "# Docs v2\n");
+    assert!(l.ws.join("src/auth/session.ts").exists());
+    assert!(!l.ws.join(".git/rebase-apply").exists());
+    let refused: Vec<Value> = by_uid(&l, AGENT_UID)
+        .into_iter()
+        .filter(|e| {
+            e["mutation_type"] == "DENIAL"
+                && e["path"].as_str().is_some_and(|p| {
+                    p.starts_with(".git/rebase-apply/")
+                        || [
+                            ".git/ORIG_HEAD",
+                            ".git/rebase-merge/orig-head",
+                            ".git/MERGE_AUTOSTASH",
+                        ]
+                        .contains(&p)
+                })
+        })
+        .collect();
+    assert!(refused.len() >= 12, "{refused:#?}\n{ctx}");
+}
+
 /// Run `script` as the agent's uid straight on the mount, not under `intentfs run`: the
 /// mount's default identity, whose processes no cgroup of the daemon's holds. Its
 /// `key=value` markers, and its output for messages.

@@ -216,6 +216,7 @@ impl Fs {
                     "git: no replace refs",
                 ));
         }
+        self.check_head_move(ident, caller, rel, refname, Some(new))?;
         // (Remote-tracking refs too: a name in a state file may resolve to one. A fetch of
         // others' commits that change paths outside the scope is refused; checking them
         // out through the mount would be.)
@@ -260,6 +261,94 @@ impl Fs {
             &format!("{refname} cannot move to"),
             &[&new],
         )
+    }
+
+    /// Refuse `refname` moving to `after` (its new first line: an id or `ref: …`; `None`:
+    /// gone) when it moves HEAD's commit (HEAD itself, or the branch HEAD names), or another
+    /// local branch, to one whose tree differs from the old one outside `ident`'s scope. A
+    /// checkout or a hard reset through the mount writes that difference into the worktree,
+    /// where it is checked; a soft move (`git reset --soft`, `symbolic-ref`, `update-ref`,
+    /// `branch -f`, an orphan branch) would leave it for the human's next reset, abort,
+    /// commit or checkout: an attack pass moved HEAD to an orphan branch to pass the check
+    /// of what `git am --abort` resets to, and back after.
+    pub(crate) fn check_head_move(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        rel: &Path,
+        refname: &str,
+        after: Option<&str>,
+    ) -> Result<()> {
+        let Some(gitdir) = self.root_gitdir(rel) else {
+            return Ok(());
+        };
+        let current = match self
+            .loose_value(rel, "HEAD")
+            .as_deref()
+            .and_then(ref_target)
+        {
+            Some(RefTarget::Symbolic(to)) => Some(to),
+            _ => None,
+        };
+        let commit = |rev: &str| {
+            git(&gitdir, &["rev-parse", "--verify", "-q", rev])
+                .map(|s| s.trim().to_string())
+                .filter(|s| is_oid(s))
+        };
+        let after = match after.and_then(ref_target) {
+            Some(RefTarget::Oid(o)) => commit(&format!("{o}^{{commit}}")),
+            Some(RefTarget::Symbolic(to)) => commit(&format!("{to}^{{commit}}")),
+            None => None,
+        };
+        let empty = || empty_tree(self.hexsz(rel)).to_string();
+        let (old, new) = if refname == "HEAD" || current.as_deref() == Some(refname) {
+            // HEAD's commit: from none (unborn) or to none counts as the empty tree.
+            (
+                commit("HEAD^{commit}").unwrap_or_else(empty),
+                after.unwrap_or_else(empty),
+            )
+        } else if refname.starts_with("refs/heads/") {
+            // Another local branch: what the human's next checkout of it writes. (Made or
+            // deleted: no tree is replaced.)
+            let (Some(old), Some(new)) = (commit(&format!("{refname}^{{commit}}")), after) else {
+                return Ok(());
+            };
+            (old, new)
+        } else {
+            return Ok(());
+        };
+        if old == new {
+            return Ok(());
+        }
+        let Some(out) = git(
+            &gitdir,
+            &["diff-tree", "-r", "--name-only", "-z", &old, &new],
+        ) else {
+            return Err(self.git_denial(
+                ident,
+                caller,
+                Operation::Ref,
+                rel,
+                format!(
+                    "{refname} would move HEAD from {old} to {new}, which git could not compare"
+                ),
+                "Move HEAD with git (`git checkout`, `git reset --hard`).",
+                "git: HEAD moves only within the scope",
+            ));
+        };
+        let (o, n) = (&old[..12], &new[..12]);
+        for p in out.split('\0').filter(|p| !p.is_empty()) {
+            self.in_scope(ident, caller, rel, Operation::Ref, p, |why, remedy| {
+                (
+                    format!("{refname} would move HEAD from {o} to {n}, whose trees differ in {p}, which {why}"),
+                    format!(
+                        "Move HEAD only where the worktree may follow: a commit that differs from HEAD \
+                         outside your scope would leave that difference for the human's next reset. {remedy}"
+                    ),
+                )
+            })?;
+        }
+        Ok(())
     }
 
     /// Refuse when a commit `news` bring that no local ref has changes a path outside
@@ -414,6 +503,82 @@ impl Fs {
         )
         .with_rule(d.rule);
         Err(self.gate.deny(ident, caller, denial))
+    }
+}
+
+/// A name `git am --abort` reads to decide where it resets the worktree: `ORIG_HEAD`, or a
+/// file whose existence makes an am session (`rebase-apply/next`, `last`), in the
+/// workspace's own repository (see [`Fs::check_am_abort`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AmAbortName {
+    OrigHead,
+    Marker,
+}
+
+/// See [`AmAbortName`].
+pub fn am_abort_name(rel: &Path) -> Option<AmAbortName> {
+    use std::os::unix::ffi::OsStrExt;
+    let b = rel.as_os_str().as_bytes();
+    if !b.starts_with(b".git/") {
+        return None;
+    }
+    match b {
+        b".git/ORIG_HEAD" => Some(AmAbortName::OrigHead),
+        b".git/rebase-apply/next" | b".git/rebase-apply/last" => Some(AmAbortName::Marker),
+        _ => None,
+    }
+}
+
+/// Whether a request naming `name` may change what `git am --abort` reads (so it runs
+/// under `Fs::am_state`): one of those names, or the directory holding the markers.
+pub fn am_lock_name(name: &std::ffi::OsStr) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    matches!(
+        name.as_bytes(),
+        b"ORIG_HEAD" | b"next" | b"last" | b"rebase-apply"
+    )
+}
+
+/// The state files naming the commit a human's abort resets the worktree to: `ORIG_HEAD`
+/// (`git am --abort`), a rebase's `orig-head` (`git rebase --abort`), the sequencer's `head`
+/// (`git cherry-pick --abort`, `revert --abort`).
+pub fn is_reset_target(rel: &Path) -> bool {
+    let name = rel.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let parent = rel
+        .parent()
+        .and_then(|p| p.file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or("");
+    matches!(
+        (parent, name),
+        (".git", "ORIG_HEAD")
+            | ("rebase-merge" | "rebase-apply", "orig-head")
+            | ("sequencer", "head")
+    )
+}
+
+/// The state files naming a stash a human's git applies to the worktree when what was left
+/// ends (`rebase --continue`/`--abort`, `merge --abort`): a rebase's `autostash`,
+/// `MERGE_AUTOSTASH`.
+pub fn is_autostash(rel: &Path) -> bool {
+    let name = rel.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let parent = rel
+        .parent()
+        .and_then(|p| p.file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or("");
+    matches!(
+        (parent, name),
+        (".git", "MERGE_AUTOSTASH") | ("rebase-merge" | "rebase-apply", "autostash")
+    )
+}
+
+/// Git's empty tree, for a repository whose ids are `hexsz` long.
+fn empty_tree(hexsz: usize) -> &'static str {
+    if hexsz == 64 {
+        "6ef19b41225c5369f1c104d45d8d85efa9b057b53b14b4b9b939dd74decc5321"
+    } else {
+        "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
     }
 }
 
@@ -1457,6 +1622,21 @@ impl Fs {
                 }
             }
         }
+        // What a human's abort resets the worktree to, or the stash it applies.
+        for c in &commits {
+            if is_reset_target(rel) {
+                self.check_reset_target(
+                    ident,
+                    caller,
+                    rel,
+                    "a human's abort would reset the worktree to",
+                    c,
+                )?;
+            }
+            if is_autostash(rel) {
+                self.check_stash_apply(ident, caller, rel, c)?;
+            }
+        }
         let what = format!("{} would have git apply", rel.display());
         // (A todo list's commits are applied again, their own changes on top of HEAD.)
         if kind == ListKind::Todo {
@@ -1706,6 +1886,293 @@ fn show_dir(p: &Path) -> String {
         "the workspace root".into()
     } else {
         p.display().to_string()
+    }
+}
+
+impl Fs {
+    /// Whether the workspace's repository holds an am session: `rebase-apply/next` or
+    /// `last` (git asks for both; either counts here, the other may come next).
+    pub(crate) fn am_session(&self) -> bool {
+        let d = self.cfg.workspace.join(".git/rebase-apply");
+        ["next", "last"]
+            .iter()
+            .any(|n| std::fs::symlink_metadata(d.join(n)).is_ok())
+    }
+
+    /// The lock a request that may change what `git am --abort` reads holds from its
+    /// checks through its change (see [`am_lock_name`]), when one of `names` is such a
+    /// name. Taken before any stale lock.
+    pub(crate) fn am_lock(
+        &self,
+        names: &[&std::ffi::OsStr],
+    ) -> Option<parking_lot::MutexGuard<'_, ()>> {
+        names
+            .iter()
+            .any(|n| am_lock_name(n))
+            .then(|| self.am_state.lock())
+    }
+
+    /// [`Fs::am_lock`] for a change of `node` by any of its names.
+    pub(crate) fn node_am_lock(
+        &self,
+        node: &super::inode::Node,
+    ) -> Option<parking_lot::MutexGuard<'_, ()>> {
+        node.any_name(am_lock_name).then(|| self.am_state.lock())
+    }
+
+    /// Before `op` on a name `git am --abort` reads (see [`am_abort_name`]), under the am
+    /// lock: while an am session is there, `ORIG_HEAD` does not change (git writes it
+    /// before the markers); a marker is made, linked or renamed in (or out) only when
+    /// `ORIG_HEAD` holds ([`Fs::check_am_abort`]), and never as a directory, device or
+    /// symlink.
+    pub(crate) fn check_am_name(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        op: Operation,
+        rel: &Path,
+    ) -> Result<()> {
+        use Operation as O;
+        match am_abort_name(rel) {
+            None => Ok(()),
+            Some(AmAbortName::OrigHead) => {
+                let changes = matches!(
+                    op,
+                    O::Rename
+                        | O::OpenWrite
+                        | O::Write
+                        | O::Truncate
+                        | O::Create
+                        | O::Unlink
+                        | O::Mknod
+                        | O::Mkdir
+                        | O::Symlink
+                        | O::Link
+                );
+                if changes && self.am_session() {
+                    return Err(self.git_denial(
+                        ident,
+                        caller,
+                        op,
+                        rel,
+                        format!(
+                            "{}: an am session is in .git/rebase-apply, and the human's `git am --abort` resets the worktree to the commit ORIG_HEAD names (with none, it deletes the current branch and every tracked file)",
+                            rel.display()
+                        ),
+                        "Finish or abort the am session first (`git am --continue`, `git am --abort`).",
+                        "git: ORIG_HEAD stays while an am session does",
+                    ));
+                }
+                Ok(())
+            }
+            Some(AmAbortName::Marker) => match op {
+                O::Mknod | O::Mkdir | O::Symlink => {
+                    Err(self.state_shape_denial(ident, caller, op, rel))
+                }
+                O::Create | O::Link | O::Rename => self.check_am_abort(ident, caller, op, rel),
+                _ => Ok(()),
+            },
+        }
+    }
+
+    /// Before an am session can begin (`rel`, a marker, made or renamed in): the human's
+    /// `git am --abort` resets the worktree to the commit `ORIG_HEAD` names, and with none
+    /// (or one git cannot read: it then looks for a branch or tag named `ORIG_HEAD`) it
+    /// deletes the current branch and resets to the empty tree, removing every tracked
+    /// file as whoever runs it (an attack pass). So `ORIG_HEAD` must be a file of its own
+    /// holding a full commit id, with no handle open to write it, and resetting to that
+    /// commit from HEAD must change only paths in the scope. (`git am` writes `ORIG_HEAD`
+    /// before the markers.)
+    pub(crate) fn check_am_abort(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        op: Operation,
+        rel: &Path,
+    ) -> Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let Some(gitdir) = self.root_gitdir(rel) else {
+            return Ok(());
+        };
+        let refuse = |why: &str| {
+            self.git_denial(
+                ident,
+                caller,
+                op,
+                rel,
+                format!(
+                    "{}: {why}, and the human's `git am --abort` would then delete the current branch and every tracked file",
+                    rel.display()
+                ),
+                "Let git start its own am session (`git am`, which writes ORIG_HEAD first). In a repository with no commit yet, make the first commit before `git am`.",
+                "git: an am session needs ORIG_HEAD",
+            )
+        };
+        let meta = std::fs::symlink_metadata(gitdir.join("ORIG_HEAD"));
+        let Some(meta) = meta
+            .ok()
+            .filter(|m| m.file_type().is_file() && m.nlink() == 1)
+        else {
+            return Err(refuse("ORIG_HEAD is not a file of its own"));
+        };
+        let oid = match self
+            .loose_value(rel, "ORIG_HEAD")
+            .as_deref()
+            .and_then(ref_target)
+        {
+            Some(RefTarget::Oid(o)) => o,
+            _ => return Err(refuse("ORIG_HEAD holds no full commit id")),
+        };
+        let writer = self
+            .table
+            .by_backing(meta.dev(), meta.ino())
+            .is_some_and(|n| n.open_file_handles().iter().any(|h| h.writable));
+        if writer {
+            return Err(refuse(
+                "ORIG_HEAD is open for writing (it could change after this check)",
+            ));
+        }
+        self.check_reset_target(
+            ident,
+            caller,
+            rel,
+            "`git am --abort` would reset the worktree to ORIG_HEAD",
+            &oid,
+        )
+    }
+
+    /// Refuse when resetting the worktree from HEAD, or from the index, to `target` (a
+    /// commit a human's abort resets to, see [`is_reset_target`]) would change a path
+    /// outside `ident`'s scope: the human's git would write it. (Git itself names HEAD there; an agent moving HEAD to
+    /// another commit first does so through the mount, where the worktree it changes is
+    /// checked.)
+    pub(crate) fn check_reset_target(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        rel: &Path,
+        what: &str,
+        target: &str,
+    ) -> Result<()> {
+        let Some(gitdir) = self.root_gitdir(rel) else {
+            return Ok(());
+        };
+        let refuse = |why: String| {
+            self.git_denial(
+                ident,
+                caller,
+                Operation::Write,
+                rel,
+                format!("{}: {what} {why}", rel.display()),
+                "Let git write its own state; to go back to another commit, run `git reset` yourself (the worktree it changes is checked).",
+                "git: an abort resets only within the scope",
+            )
+        };
+        let commit = |rev: &str| {
+            git(&gitdir, &["rev-parse", "--verify", "-q", rev])
+                .map(|s| s.trim().to_string())
+                .filter(|s| is_oid(s))
+        };
+        let Some(to) = commit(&format!("{target}^{{commit}}")) else {
+            return Err(refuse(format!("{target}, which is not a commit here")));
+        };
+        let head =
+            commit("HEAD^{commit}").unwrap_or_else(|| empty_tree(self.hexsz(rel)).to_string());
+        // Against HEAD, and against the index: git's aborts reset from the index (an
+        // attack pass left HEAD unborn on an orphan branch with the index full, and named
+        // an empty commit: no change against HEAD, every tracked file deleted).
+        let against_head = if head == to {
+            Some(String::new())
+        } else {
+            git(
+                &gitdir,
+                &["diff-tree", "-r", "--name-only", "-z", &head, &to],
+            )
+        };
+        let against_index = git(
+            &gitdir,
+            &["diff-index", "--cached", "--name-only", "-z", &to],
+        );
+        let (Some(a), Some(b)) = (against_head, against_index) else {
+            return Err(refuse(format!(
+                "{to}, which git could not compare with HEAD and the index"
+            )));
+        };
+        let short = &to[..12];
+        let mut paths: Vec<&str> = a
+            .split('\0')
+            .chain(b.split('\0'))
+            .filter(|p| !p.is_empty())
+            .collect();
+        paths.sort_unstable();
+        paths.dedup();
+        for p in paths {
+            self.in_scope(ident, caller, rel, Operation::Write, p, |why, remedy| {
+                (
+                    format!("{}: {what} {short}, which changes {p} (against HEAD or the index), which {why}", rel.display()),
+                    format!("Let git write its own state; to go back to another commit, run `git reset` yourself. {remedy}"),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Refuse when applying the stash `stash` (an autostash, see [`is_autostash`]) would
+    /// change a path outside `ident`'s scope: what it changes against its base, and the
+    /// untracked files it holds (its third parent). Whether a ref keeps the stash or not (a
+    /// human's own stash of other files, named by an agent, was applied by the human's
+    /// abort).
+    fn check_stash_apply(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        rel: &Path,
+        stash: &str,
+    ) -> Result<()> {
+        let Some(gitdir) = self.root_gitdir(rel) else {
+            return Ok(());
+        };
+        let changed = git(
+            &gitdir,
+            &[
+                "diff-tree",
+                "-r",
+                "--name-only",
+                "-z",
+                &format!("{stash}^1"),
+                stash,
+            ],
+        );
+        let Some(changed) = changed else {
+            return Err(self.git_denial(
+                ident,
+                caller,
+                Operation::Write,
+                rel,
+                format!("{}: {stash} is not a stash git could apply", rel.display()),
+                "Let git write its own state (`git rebase --autostash`, `git merge --autostash`).",
+                "git: an autostash changes only paths in the scope",
+            ));
+        };
+        let untracked = git(
+            &gitdir,
+            &["ls-tree", "-r", "--name-only", "-z", &format!("{stash}^3")],
+        )
+        .unwrap_or_default();
+        let short = &stash[..12.min(stash.len())];
+        for p in changed
+            .split('\0')
+            .chain(untracked.split('\0'))
+            .filter(|p| !p.is_empty())
+        {
+            self.in_scope(ident, caller, rel, Operation::Write, p, |why, remedy| {
+                (
+                    format!("{}: the stash {short} it names would be applied to the worktree, and it changes {p}, which {why}", rel.display()),
+                    format!("Let git write its own state (`git rebase --autostash`). {remedy}"),
+                )
+            })?;
+        }
+        Ok(())
     }
 }
 

@@ -86,6 +86,10 @@ impl Node {
     pub fn aliases(&self) -> Vec<(u64, OsString)> {
         self.names.lock().clone()
     }
+    /// Whether one of this inode's names passes `f` (without copying them).
+    pub fn any_name(&self, f: impl Fn(&std::ffi::OsStr) -> bool) -> bool {
+        self.names.lock().iter().any(|(_, n)| f(n))
+    }
     /// Names this inode recently lost, with the tick of the loss, not counting those the
     /// identity `except` moved itself (its views followed the file).
     pub fn departed(&self, except: &str) -> Vec<(u64, OsString, u64, std::time::Instant)> {

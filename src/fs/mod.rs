@@ -239,6 +239,11 @@ pub struct Fs {
     /// WRITES_OPEN check until the switch is on record, so a switch cannot land between a
     /// write open's decision under the old intent and its handle.
     pub(crate) intent_switch: parking_lot::RwLock<()>,
+    /// Held by a request that may change what `git am --abort` reads (`ORIG_HEAD`, the
+    /// markers of an am session), from its checks through its change, so an am session
+    /// and a change of `ORIG_HEAD` are never both judged against the other's old state
+    /// (see [`Fs::am_lock`]).
+    pub(crate) am_state: parking_lot::Mutex<()>,
     /// How requests reach the daemon (`/dev/fuse`, `io-uring (...)`), once mounted.
     pub transport: std::sync::OnceLock<String>,
     /// `--low-latency`: told of every request (`node` is where nearly all of them start).
@@ -278,6 +283,7 @@ impl Fs {
             data_passthrough: AtomicBool::new(false),
             mount_dev: std::sync::OnceLock::new(),
             intent_switch: parking_lot::RwLock::new(()),
+            am_state: parking_lot::Mutex::new(()),
             transport: std::sync::OnceLock::new(),
             low_latency: std::sync::OnceLock::new(),
             otlp: std::sync::OnceLock::new(),
@@ -531,7 +537,9 @@ impl Fs {
     ) -> Result<()> {
         self.gate
             .authorize(ident, caller, op, rel, is_dir)
-            .inspect_err(|e| self.on_ledger_failure(e))
+            .inspect_err(|e| self.on_ledger_failure(e))?;
+        // What `git am --abort` reads (the request holds `am_state`, see `Fs::am_lock`).
+        self.check_am_name(ident, caller, op, rel)
     }
 
     /// [`Gate::record`], letting go of deleted files' space when the ledger's disk is full.

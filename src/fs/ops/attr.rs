@@ -103,6 +103,7 @@ impl Fs {
         }
         let op = a.operation();
         // A truncation holds the file's stale lock from its check through the change.
+        let _am = a.size.and_then(|_| self.node_am_lock(&node));
         let _stale = if a.size.is_some() {
             self.table.stale_locks(&[(node.dev, node.ino)])
         } else {

@@ -75,6 +75,7 @@ impl Fs {
         make: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> std::io::Result<()>,
         detail: Option<serde_json::Value>,
     ) -> Result<Entry> {
+        let _am = self.am_lock(&[name]);
         let NewEntry {
             pfd,
             rel,
@@ -187,6 +188,7 @@ impl Fs {
             return err(libc::EPERM);
         }
         check_name(newname)?;
+        let _am = self.am_lock(&[newname]);
         let node = self.node(nodeid)?;
         if node.is_dir() {
             return err(libc::EPERM);
@@ -289,6 +291,7 @@ impl Fs {
             return err(libc::EPERM);
         }
         check_name(name)?;
+        let _am = self.am_lock(&[name]);
         let p = self.node(parent)?;
         let rel = self.child_rel(&p, name)?;
         let op = if is_dir {
@@ -321,6 +324,11 @@ impl Fs {
             // `git pack-refs` removes loose refs it packed: the ref did not move.
             (self.packed_value(&rel, &r).as_deref() != Some(v.as_str())).then_some(v)
         });
+        // The current branch's loose ref deleted: HEAD then names its packed value, or none.
+        if let Some(name) = crate::policy::git::ref_name(&rel).filter(|_| !is_dir) {
+            let packed = self.packed_value(&rel, &name);
+            self.check_head_move(&ident, caller, &rel, &name, packed.as_deref())?;
+        }
         // What `rewind` needs to make it again: the mode, and a symlink's target.
         let kind = st.st_mode & libc::S_IFMT;
         let target = (kind == libc::S_IFLNK)

@@ -27,6 +27,8 @@ impl Fs {
         // is judged by it) or sees this open's effect.
         // (Held until the handle is counted: see `Fs::intent_switch`.)
         let _switch = (changes && self.data_passthrough()).then(|| self.intent_switch.read());
+        // (Before the stale lock, as everywhere: see `Fs::am_lock`.)
+        let _am = changes.then(|| self.node_am_lock(&node)).flatten();
         let _stale = if changes {
             self.table.stale_locks(&[(node.dev, node.ino)])
         } else {
@@ -259,6 +261,7 @@ impl Fs {
     ) -> Result<(Entry, u64, OpenOpts)> {
         // (Held until the handle is counted: see `Fs::intent_switch`.)
         let _switch = self.data_passthrough().then(|| self.intent_switch.read());
+        let _am = self.am_lock(&[name]);
         let super::entries::NewEntry {
             pfd,
             rel,

@@ -204,6 +204,13 @@ impl Fs {
         flags: u32,
     ) -> Result<Option<()>> {
         let r = self.rename_resolve(parent, name, newparent, newname, flags)?;
+        // (A directory moved into or out of a git directory may carry what `git am
+        // --abort` reads.)
+        let _am = if r.src_dir && (r.to.starts_with(".git") || r.from.starts_with(".git")) {
+            Some(self.am_state.lock())
+        } else {
+            self.am_lock(&[name, newname])
+        };
         let g = self.rename_authorize(caller, &r, flags)?;
         // The stale checks, the rename and the update of the names the daemon knows are one
         // step for any other stale-checked change of either file (an open for write, an
@@ -569,6 +576,18 @@ impl Fs {
         });
         for (name, _, new) in packed.iter().flatten() {
             self.check_ref_move(ident, caller, &r.to, name, new.as_deref())?;
+            if new.is_none() {
+                // (Out of `packed-refs`: what is left is the loose ref, if there is one.)
+                let loose = self.loose_value(&r.to, name);
+                self.check_head_move(ident, caller, &r.to, name, loose.as_deref())?;
+            }
+        }
+        // A loose ref moved away (not exchanged): what is left is its packed value.
+        if let (Some(name), false) = (crate::policy::git::ref_name(&r.from), r.exchange) {
+            if r.from != r.to {
+                let packed = self.packed_value(&r.from, &name);
+                self.check_head_move(ident, caller, &r.from, &name, packed.as_deref())?;
+            }
         }
         Ok(RenameEffects {
             edit,
