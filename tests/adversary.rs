@@ -2488,7 +2488,6 @@ fn aborts_reset_only_to_what_the_scope_allows() {
         format!("{ctx}\n{ctx2}"),
     );
     for k in [
-        "branch",
         "orig",
         "session",
         "session2",
@@ -2504,6 +2503,8 @@ fn aborts_reset_only_to_what_the_scope_allows() {
         assert_eq!(m.get(k).map(String::as_str), Some("0"), "{k} failed\n{ctx}");
     }
     for k in [
+        // (A branch made at an old commit is judged from HEAD's tree, too.)
+        "branch",
         "noorig",
         "noorig2",
         "movedin",
@@ -2559,6 +2560,74 @@ fn aborts_reset_only_to_what_the_scope_allows() {
         })
         .collect();
     assert!(refused.len() >= 12, "{refused:#?}\n{ctx}");
+}
+
+/// Branches and HEAD move only to trees that differ from the old ones within the scope,
+/// however they move. An attack pass's routes, each of which had a human's ordinary
+/// command (`git reset --hard`, `git checkout -`, `git checkout <branch>`, `git stash
+/// pop`) write an old version of a file outside the scope: a branch that is a symbolic ref
+/// (HEAD → x → the branch, which then counted as "another branch"), a branch deleted and
+/// made again at an old commit, `packed-refs` naming the current branch twice (git's
+/// binary search reads another entry than the check), a merge commit taking the file
+/// from an old parent (judged against every parent now, not with `--cc`), and a reflog
+/// line saying HEAD came from an old commit.
+#[test]
+fn branches_move_only_within_the_scope_however_they_move() {
+    let Some(l) = layout() else { return };
+    ok(
+        sh_in(
+            &l.ws,
+            &format!(
+                "echo '# Docs v2' > docs/index.md && \
+                 git -c safe.directory='*' -c user.email=h@x -c user.name=h commit -qam 'docs v2' && \
+                 chown -R {AGENT_UID}:{AGENT_UID} . && git -c safe.directory='*' update-index -q --refresh && \
+                 chown {AGENT_UID}:{AGENT_UID} .git/index"
+            ),
+        ),
+        "setup",
+    );
+    let _m = l.mount_env(MOUNT, &[]);
+    let script = r#"
+        L=.git/refs/heads; B=$(git symbolic-ref --short HEAD); H=$(git rev-parse HEAD); C1=$(git rev-parse HEAD~1)
+        printf "ref: refs/heads/$B\n" > $L/x.lock && mv $L/x.lock $L/x; echo symchain=$?
+        git branch feat; echo branch=$?
+        rm $L/feat; echo deleted=$?
+        echo $C1 > $L/feat.lock && mv $L/feat.lock $L/feat; echo recreated=$?
+        W=$(git commit-tree $(git rev-parse HEAD~1^{tree}) -p HEAD -p HEAD~1 -m WIP); git stash store -m wip $W; echo stash=$?
+        M=$(git commit-tree $(git rev-parse HEAD~1^{tree}) -p HEAD~1 -p HEAD -m merge); git branch agent-work $M; echo merge=$?
+        printf "$H $H e <e@x> 1764151000 +0000\tcheckout: moving from $C1 to $B\n" >> .git/logs/HEAD; echo reflog=$?
+        git checkout -q -b side && git checkout -q $B; echo switched=$?
+        git pack-refs --all; echo packed=$?
+        { echo '# pack-refs with: peeled fully-peeled sorted '; echo "$H refs/heads/a"; echo "$C1 refs/heads/$B"; echo "$C1 refs/heads/$B"; echo "$H refs/heads/$B"; } > .git/packed-refs.lock
+        mv .git/packed-refs.lock .git/packed-refs; echo packeddup=$?
+        rm -f .git/packed-refs.lock
+    "#;
+    let (_, m, ctx) = evil(&l, script);
+    for k in ["branch", "deleted", "switched", "packed"] {
+        assert_eq!(m.get(k).map(String::as_str), Some("0"), "{k} failed\n{ctx}");
+    }
+    for k in [
+        "symchain",
+        "recreated",
+        "stash",
+        "merge",
+        "reflog",
+        "packeddup",
+    ] {
+        assert_ne!(
+            m.get(k).map(String::as_str),
+            Some("0"),
+            "{k} was allowed\n{ctx}"
+        );
+    }
+    // The human's ordinary commands, one after the other: none brings the old version back.
+    let _ = sh_in(
+        &l.ws,
+        "g() { git -c safe.directory='*' \"$@\" >/dev/null 2>&1; }; \
+         g reset --hard; g checkout -; g checkout -; g checkout feat; g checkout -; g stash pop; g merge agent-work; g reset --hard",
+    );
+    assert_eq!(ws_text(&l, "docs/index.md"), "# Docs v2\n");
+    assert!(l.ws.join("README.md").exists());
 }
 
 /// Run `script` as the agent's uid straight on the mount, not under `intentfs run`: the

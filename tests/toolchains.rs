@@ -394,6 +394,45 @@ fn ok_status(argv: &[&str]) -> bool {
 
 // ----- git by an agent ----------------------------------------------------------------
 
+/// A long session's commits: each appends a line to `.git/logs/HEAD` (and the branch's),
+/// which the mount judges write by write. Through the page cache an unaligned append
+/// that crosses a 4 KiB page reached the daemon in two pieces, the first a cut line, and
+/// every commit failed from then on (an attack pass's agent, after about 31 commits).
+#[test]
+fn a_hundred_commits_grow_the_reflog_past_its_first_pages() {
+    let tm = TestMount::builder()
+        .policy("intents:\n  - id: SRC\n    status: IN_PROGRESS\n    owned_scope: [\"src/**\"]\napproval:\n  out_of_scope: deny\n")
+        .files(&[("src/a.rs", "a\n")])
+        .setup(|ws| {
+            ok(sh_in(ws, "git init -q -b main . && git add -A && git commit -qm init"), "git init");
+        })
+        .mount();
+    let script = "n=0; for i in $(seq 1 100); do echo $i >> src/a.rs; git commit -qam \"commit number $i of a long session\" && n=$((n+1)); done; echo committed=$n";
+    let out = intentfs()
+        .arg("run")
+        .arg("--mount")
+        .arg(&tm.mnt)
+        .args([
+            "--intent", "SRC", "--agent", "tool", "--", "sh", "-c", script,
+        ])
+        .current_dir(&tm.mnt)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("committed=100"),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let log = std::fs::read_to_string(tm.ws.join(".git/logs/HEAD")).unwrap();
+    assert!(log.len() > 3 * 4096, "{}", log.len());
+    assert_eq!(log.lines().count(), 101);
+    assert!(
+        !tm.ledger().iter().any(|e| e["mutation_type"] == "DENIAL"),
+        "a commit was refused"
+    );
+}
+
 /// `status`/`diff`/`log` before the handshake neither fail nor count toward the breaker;
 /// then add, commit, checkout -b, stash, rebase, merge, cherry-pick, gc.
 #[test]

@@ -119,6 +119,26 @@ pub fn parse_packed(text: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// The first name of a `packed-refs` text that is not after the one before it (a name
+/// twice, or out of order), if any. Git writes the file sorted, and with the `sorted`
+/// trait reads it by binary search, so of two entries of one name git may read another
+/// than [`parse_packed`] keeps (an attack pass moved the current branch so).
+pub fn packed_out_of_order(text: &str) -> Option<String> {
+    let mut last: Option<&str> = None;
+    for l in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.starts_with('^'))
+    {
+        let hex = l.bytes().take_while(u8::is_ascii_hexdigit).count();
+        let name = l.get(hex + 1..).unwrap_or("").trim();
+        if last.is_some_and(|p| p.as_bytes() >= name.as_bytes()) {
+            return Some(name.to_string());
+        }
+        last = Some(name);
+    }
+    None
+}
+
 /// The refs whose value differs between two `packed-refs` texts: (ref, old, new).
 pub fn packed_changes(old: &str, new: &str) -> Vec<(String, Option<String>, Option<String>)> {
     let (a, b) = (parse_packed(old), parse_packed(new));
@@ -224,8 +244,10 @@ impl Fs {
             Some(RefTarget::Oid(o)) => o,
             // A symbolic ref follows its target wherever it moves: only to a local branch
             // (whose every move is checked), as git's HEAD does.
+            // (Only HEAD names a branch so: a branch naming another made a chain, HEAD →
+            // x → main, through which an attack pass moved `main` as "another branch".)
             Some(RefTarget::Symbolic(to))
-                if to.starts_with("refs/heads/")
+                if (refname == "HEAD" && to.starts_with("refs/heads/"))
                     || (refname.starts_with("refs/remotes/")
                         && to.starts_with("refs/remotes/")) =>
             {
@@ -308,11 +330,15 @@ impl Fs {
                 after.unwrap_or_else(empty),
             )
         } else if refname.starts_with("refs/heads/") {
-            // Another local branch: what the human's next checkout of it writes. (Made or
-            // deleted: no tree is replaced.)
-            let (Some(old), Some(new)) = (commit(&format!("{refname}^{{commit}}")), after) else {
+            // Another local branch: what the human's next checkout of it writes, from its
+            // old tip, or (made) from HEAD's: a branch deleted and made again elsewhere was
+            // an attack pass's way round the move. (Deleted: nothing to check out.)
+            let Some(new) = after else {
                 return Ok(());
             };
+            let old = commit(&format!("{refname}^{{commit}}"))
+                .or_else(|| commit("HEAD^{commit}"))
+                .unwrap_or_else(empty);
             (old, new)
         } else {
             return Ok(());
@@ -412,7 +438,7 @@ impl Fs {
     }
 
     /// Refuse when one of `commits` (full ids) changes a path outside the identity's scope:
-    /// each against its parent (a merge against every parent, `--cc`).
+    /// each against its parent (a merge against each of its parents).
     fn check_commit_paths(
         &self,
         ident: &Identity,
@@ -428,7 +454,7 @@ impl Fs {
             return Ok(0);
         }
         // One `diff-tree` for all: each commit's id, then the paths it changes (a merge:
-        // those that differ from every parent, `--cc`).
+        // its id again before what it changes against each parent).
         let input: String = commits.iter().map(|c| format!("{c}\n")).collect();
         let Some(out) = git_with(
             &gitdir,
@@ -439,7 +465,10 @@ impl Fs {
                 "--name-only",
                 "-z",
                 "--root",
-                "--cc",
+                // (Against every parent: `--cc` lists only what differs from all of them,
+                // and an attack pass's merge of HEAD and an old commit, taking an
+                // out-of-scope file from the old one, showed no change at all.)
+                "-m",
             ],
             Some(&input),
         ) else {
@@ -1077,6 +1106,24 @@ pub fn named_objects(
     Ok(ids)
 }
 
+/// What `git checkout -` (`@{-1}`, `@{-N}`) would switch to, by the lines of a reflog
+/// `text`: the name or id between `checkout: moving from ` and ` to ` in each message.
+pub fn reflog_switch_sources(text: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(text);
+    let mut out: Vec<String> = text
+        .lines()
+        .filter_map(|l| {
+            let msg = l.split_once('\t')?.1;
+            let rest = msg.split_once("moving from ")?.1;
+            let from = rest.split_once(" to ").map_or(rest, |(f, _)| f).trim();
+            (!from.is_empty()).then(|| from.to_string())
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// Does `file` hold the loose object `oid`: zlib data of `<type> <size>\0<content>` whose
 /// SHA-1 (a 40-digit id) or SHA-256 (64) is `oid`? Git does not check a blob's hash when
 /// it checks the blob out, so a file put under an existing object's name with other
@@ -1620,6 +1667,28 @@ impl Fs {
                         "{id} is not a commit in this repository (yet)"
                     )))
                 }
+            }
+        }
+        // What the human's `git checkout -` switches to: from HEAD, as an abort resets
+        // (an attack pass added a line `moving from <an old commit>`, and the human's
+        // `git checkout -` wrote the old version of a file outside the scope).
+        if kind == ListKind::Reflog {
+            for from in reflog_switch_sources(text) {
+                let Some(c) = git(
+                    &gitdir,
+                    &["rev-parse", "--verify", "-q", &format!("{from}^{{commit}}")],
+                )
+                .map(|s| s.trim().to_string())
+                .filter(|s| is_oid(s)) else {
+                    continue;
+                };
+                self.check_reset_target(
+                    ident,
+                    caller,
+                    rel,
+                    "`git checkout -` would switch the worktree to",
+                    &c,
+                )?;
             }
         }
         // What a human's abort resets the worktree to, or the stash it applies.
@@ -2179,6 +2248,38 @@ impl Fs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn packed_refs_out_of_order_or_twice_are_found() {
+        let a = "a".repeat(40);
+        let ok = format!("# pack-refs with: peeled fully-peeled sorted \n{a} refs/heads/a\n^{a}\n{a} refs/heads/b\n");
+        assert_eq!(packed_out_of_order(&ok), None);
+        let twice = format!("{a} refs/heads/keep\n{a} refs/heads/main\n{a} refs/heads/main\n");
+        assert_eq!(
+            packed_out_of_order(&twice).as_deref(),
+            Some("refs/heads/main")
+        );
+        let unsorted = format!("{a} refs/heads/main\n{a} refs/heads/keep\n");
+        assert_eq!(
+            packed_out_of_order(&unsorted).as_deref(),
+            Some("refs/heads/keep")
+        );
+    }
+
+    #[test]
+    fn reflog_switch_sources_are_what_checkout_dash_reads() {
+        let z = "0".repeat(40);
+        let log = format!(
+            "{z} {z} a <a@x> 1 +0000\tcheckout: moving from main to feature\n\
+             {z} {z} a <a@x> 1 +0000\tcommit: moving from here to there\n\
+             {z} {z} a <a@x> 1 +0000\tcheckout: moving from 0123abcd to main\n\
+             {z} {z} a <a@x> 1 +0000\treset: moving to HEAD~1\n"
+        );
+        assert_eq!(
+            reflog_switch_sources(log.as_bytes()),
+            vec!["0123abcd".to_string(), "here".into(), "main".into()]
+        );
+    }
 
     #[test]
     fn a_ref_is_read_as_git_reads_it() {

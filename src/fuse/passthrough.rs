@@ -114,7 +114,7 @@ impl Passthrough {
                 return;
             }
         }
-        let io = if pe.passthrough > 0 {
+        let io = if pe.passthrough > 0 || o.direct_io {
             flags |= FopenFlags::FOPEN_DIRECT_IO;
             Io::Direct
         } else {

@@ -99,6 +99,11 @@ impl Fs {
             }
             None => self.read_only_open(&h, caller),
         };
+        // A git state file's writes are judged as they come, so each must arrive as the
+        // write the tool made: through the page cache, an unaligned write that crosses a
+        // page boundary reaches the daemon in two pieces (an attack pass's agent had every
+        // commit fail once `.git/logs/HEAD` reached 4 KiB: a reflog line cut in two).
+        let direct_io = h.is_todo();
         let h = Arc::new(h);
         self.note_open(&h);
         let fh = self.add_handle(Handle::File(h));
@@ -106,7 +111,7 @@ impl Fs {
         Ok((
             fh,
             OpenOpts {
-                direct_io: false,
+                direct_io,
                 keep_cache,
                 passthrough,
                 noflush: write_rel.is_none(),
@@ -317,6 +322,8 @@ impl Fs {
         );
         self.prepare_write_handle(&h, &rel);
         let pt = h.write_state().is_some_and(|w| w.pt);
+        // (As in `open`: a git state file's writes arrive whole.)
+        let direct_io = h.is_todo();
         let h = Arc::new(h);
         self.note_open(&h);
         let fh = self.add_handle(Handle::File(h));
@@ -328,6 +335,7 @@ impl Fs {
             fh,
             OpenOpts {
                 passthrough: pt,
+                direct_io,
                 ..OpenOpts::default()
             },
         ))

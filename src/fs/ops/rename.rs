@@ -563,17 +563,28 @@ impl Fs {
         if let Some((name, _, new)) = &moved_ref {
             self.check_ref_move(ident, caller, &r.to, name, new.as_deref())?;
         }
+        let mut unordered = None;
         let packed = (r.to == Path::new(".git/packed-refs") && !r.src_dir).then(|| {
             let text = |dir, n| {
                 read_at(dir, n, 64 << 20)
                     .map(|b| String::from_utf8_lossy(&b).into_owned())
                     .unwrap_or_default()
             };
-            crate::fs::gitrefs::packed_changes(
-                &text(r.npfd.as_fd(), r.newname),
-                &text(r.pfd.as_fd(), r.name),
-            )
+            let new = text(r.pfd.as_fd(), r.name);
+            unordered = crate::fs::gitrefs::packed_out_of_order(&new);
+            crate::fs::gitrefs::packed_changes(&text(r.npfd.as_fd(), r.newname), &new)
         });
+        if let Some(name) = unordered {
+            return Err(self.git_denial(
+                ident,
+                caller,
+                Operation::Ref,
+                &r.to,
+                format!("{}: {name} is listed twice or out of order: git reads a sorted file by binary search, and could read another entry than the one checked", r.to.display()),
+                "Let git write packed-refs (`git pack-refs`).",
+                "git: packed-refs is sorted, one entry a name",
+            ));
+        }
         for (name, _, new) in packed.iter().flatten() {
             self.check_ref_move(ident, caller, &r.to, name, new.as_deref())?;
             if new.is_none() {
