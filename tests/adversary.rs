@@ -2597,13 +2597,32 @@ fn branches_move_only_within_the_scope_however_they_move() {
         M=$(git commit-tree $(git rev-parse HEAD~1^{tree}) -p HEAD~1 -p HEAD -m merge); git branch agent-work $M; echo merge=$?
         printf "$H $H e <e@x> 1764151000 +0000\tcheckout: moving from $C1 to $B\n" >> .git/logs/HEAD; echo reflog=$?
         git checkout -q -b side && git checkout -q $B; echo switched=$?
+        # (A third pass: a forged commit, and names git resolves through files at the top
+        # of .git — any upper-case one — or through a tag moved later.)
+        T=/tmp/intentfs-ix-$$; GIT_INDEX_FILE=$T git read-tree HEAD
+        b=$(echo PWNED | git hash-object -w --stdin); GIT_INDEX_FILE=$T git update-index --cacheinfo 100644,$b,docs/index.md
+        C=$(git commit-tree $(GIT_INDEX_FILE=$T git write-tree) -p HEAD -m x); rm -f $T; echo forged=$?
+        printf "$C\t\tbranch 'main' of x\n" > .git/FETCH_HEAD; echo fetchhead=$?
+        printf "$H\t\tbranch 'main' of x\n" > .git/FETCH_HEAD; echo fetchok=$?
+        echo $C > .git/EVIL; echo evil=$?
+        echo $C > .git/MERGE_MSG; echo mergemsg=$?
+        echo 'Merge branch x' > .git/MERGE_MSG; echo msgok=$?
+        echo FETCH_HEAD > .git/BISECT_START; echo bisect=$?
+        printf "$H $H e <e@x> 1764151001 +0000\tcheckout: moving from FETCH_HEAD to $B\n" >> .git/logs/HEAD; echo fetchname=$?
+        git tag ghost $H; printf "$H $H e <e@x> 1764151002 +0000\tcheckout: moving from ghost to $B\n" >> .git/logs/HEAD; echo tagname=$?
+        mkdir -p .git/rebase-merge; printf "reset FETCH_HEAD\n" > .git/rebase-merge/git-rebase-todo; echo todoreset=$?
+        printf "refs/heads/side\n$H\n$C1\n" > .git/rebase-merge/update-refs; echo updaterefs=$?
+        rm -rf .git/rebase-merge .git/BISECT_START .git/MERGE_MSG
+        echo '// in scope' >> src/auth/session.ts && git commit -qam 'in scope'; echo commit=$?
         git pack-refs --all; echo packed=$?
         { echo '# pack-refs with: peeled fully-peeled sorted '; echo "$H refs/heads/a"; echo "$C1 refs/heads/$B"; echo "$C1 refs/heads/$B"; echo "$H refs/heads/$B"; } > .git/packed-refs.lock
         mv .git/packed-refs.lock .git/packed-refs; echo packeddup=$?
         rm -f .git/packed-refs.lock
     "#;
     let (_, m, ctx) = evil(&l, script);
-    for k in ["branch", "deleted", "switched", "packed"] {
+    for k in [
+        "branch", "deleted", "switched", "packed", "forged", "fetchok", "msgok", "commit",
+    ] {
         assert_eq!(m.get(k).map(String::as_str), Some("0"), "{k} failed\n{ctx}");
     }
     for k in [
@@ -2613,6 +2632,14 @@ fn branches_move_only_within_the_scope_however_they_move() {
         "merge",
         "reflog",
         "packeddup",
+        "fetchhead",
+        "evil",
+        "mergemsg",
+        "bisect",
+        "fetchname",
+        "tagname",
+        "todoreset",
+        "updaterefs",
     ] {
         assert_ne!(
             m.get(k).map(String::as_str),
@@ -2624,7 +2651,8 @@ fn branches_move_only_within_the_scope_however_they_move() {
     let _ = sh_in(
         &l.ws,
         "g() { git -c safe.directory='*' \"$@\" >/dev/null 2>&1; }; \
-         g reset --hard; g checkout -; g checkout -; g checkout feat; g checkout -; g stash pop; g merge agent-work; g reset --hard",
+         g reset --hard; g checkout -; g checkout -; g checkout feat; g checkout -; g stash pop; g merge agent-work; \
+         g bisect reset; g merge FETCH_HEAD; g rebase --continue; g reset --hard",
     );
     assert_eq!(ws_text(&l, "docs/index.md"), "# Docs v2\n");
     assert!(l.ws.join("README.md").exists());

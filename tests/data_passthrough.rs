@@ -443,9 +443,10 @@ fn git_works_and_its_objects_are_intact() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     // Everything git wrote went by kernel passthrough but its reflog lines (one in
-    // `logs/HEAD` and one in the branch's reflog per commit), which the daemon serves to
-    // check what they name (docs/security.md, "Git").
-    assert_eq!(requests(&tm, "write"), 4);
+    // `logs/HEAD` and one in the branch's reflog per commit) and `COMMIT_EDITMSG` (git
+    // reads an upper-case file at the top of `.git` as a ref when it begins with an id),
+    // which the daemon serves to check what they name (docs/security.md, "Git").
+    assert_eq!(requests(&tm, "write"), 6);
 }
 
 // ----- an adversarial pass (issue 19): routes around the decisions taken at open -------

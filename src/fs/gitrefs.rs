@@ -236,7 +236,6 @@ impl Fs {
                     "git: no replace refs",
                 ));
         }
-        self.check_head_move(ident, caller, rel, refname, Some(new))?;
         // (Remote-tracking refs too: a name in a state file may resolve to one. A fetch of
         // others' commits that change paths outside the scope is refused; checking them
         // out through the mount would be.)
@@ -251,7 +250,8 @@ impl Fs {
                     || (refname.starts_with("refs/remotes/")
                         && to.starts_with("refs/remotes/")) =>
             {
-                return Ok(0)
+                self.check_head_move(ident, caller, rel, refname, Some(new))?;
+                return Ok(0);
             }
             Some(RefTarget::Symbolic(to)) => {
                 return Err(self.git_denial(
@@ -276,13 +276,15 @@ impl Fs {
                 ));
             }
         };
-        self.check_new_commits(
+        let n = self.check_new_commits(
             ident,
             caller,
             rel,
             &format!("{refname} cannot move to"),
             &[&new],
-        )
+        )?;
+        self.check_head_move(ident, caller, rel, refname, Some(&new))?;
+        Ok(n)
     }
 
     /// Refuse `refname` moving to `after` (its new first line: an id or `ref: …`; `None`:
@@ -312,64 +314,62 @@ impl Fs {
             Some(RefTarget::Symbolic(to)) => Some(to),
             _ => None,
         };
-        let commit = |rev: &str| {
-            git(&gitdir, &["rev-parse", "--verify", "-q", rev])
-                .map(|s| s.trim().to_string())
-                .filter(|s| is_oid(s))
-        };
-        let after = match after.and_then(ref_target) {
-            Some(RefTarget::Oid(o)) => commit(&format!("{o}^{{commit}}")),
-            Some(RefTarget::Symbolic(to)) => commit(&format!("{to}^{{commit}}")),
+        let head_move = refname == "HEAD" || current.as_deref() == Some(refname);
+        let new_rev = match after.and_then(ref_target) {
+            Some(RefTarget::Oid(o)) => Some(o),
+            Some(RefTarget::Symbolic(to)) => Some(to),
             None => None,
         };
-        let empty = || empty_tree(self.hexsz(rel)).to_string();
-        let (old, new) = if refname == "HEAD" || current.as_deref() == Some(refname) {
-            // HEAD's commit: from none (unborn) or to none counts as the empty tree.
-            (
-                commit("HEAD^{commit}").unwrap_or_else(empty),
-                after.unwrap_or_else(empty),
-            )
-        } else if refname.starts_with("refs/heads/") {
-            // Another local branch: what the human's next checkout of it writes, from its
-            // old tip, or (made) from HEAD's: a branch deleted and made again elsewhere was
-            // an attack pass's way round the move. (Deleted: nothing to check out.)
-            let Some(new) = after else {
-                return Ok(());
-            };
-            let old = commit(&format!("{refname}^{{commit}}"))
-                .or_else(|| commit("HEAD^{commit}"))
-                .unwrap_or_else(empty);
-            (old, new)
-        } else {
-            return Ok(());
-        };
-        if old == new {
+        // Another local branch: what the human's next checkout of it writes, from its old
+        // tip, or (made) from HEAD's: a branch deleted and made again elsewhere was an
+        // attack pass's way round the move. (Deleted: nothing to check out.)
+        if !head_move && !(refname.starts_with("refs/heads/") && new_rev.is_some()) {
             return Ok(());
         }
-        let Some(out) = git(
-            &gitdir,
-            &["diff-tree", "-r", "--name-only", "-z", &old, &new],
-        ) else {
+        let olds: &[&str] = if head_move {
+            &["HEAD"]
+        } else {
+            &[refname, "HEAD"]
+        };
+        // One `diff-tree` of the two as git resolves them (the usual case); a side git
+        // cannot resolve (an unborn branch, a ref made or gone) counts as the empty tree.
+        let empty = empty_tree(self.hexsz(rel));
+        let diff = |a: &str, b: &str| {
+            git(&gitdir, &["diff-tree", "-r", "--name-only", "-z", a, b])
+                .map(|d| (a.to_string(), b.to_string(), d))
+        };
+        let found = olds.iter().copied().chain([empty]).find_map(|o| {
+            new_rev
+                .iter()
+                .map(String::as_str)
+                .chain([empty])
+                .find_map(|n| diff(o, n))
+        });
+        let Some((old, new, out)) = found else {
             return Err(self.git_denial(
                 ident,
                 caller,
                 Operation::Ref,
                 rel,
-                format!(
-                    "{refname} would move HEAD from {old} to {new}, which git could not compare"
-                ),
-                "Move HEAD with git (`git checkout`, `git reset --hard`).",
+                format!("{refname} would move, and git could not compare its trees"),
+                "Move HEAD and branches with git (`git checkout`, `git reset --hard`).",
                 "git: HEAD moves only within the scope",
             ));
         };
-        let (o, n) = (&old[..12], &new[..12]);
+        let short = |r: &str| {
+            r.get(..12)
+                .filter(|_| r.len() >= 40)
+                .unwrap_or(r)
+                .to_string()
+        };
+        let (o, n) = (short(&old), short(&new));
         for p in out.split('\0').filter(|p| !p.is_empty()) {
             self.in_scope(ident, caller, rel, Operation::Ref, p, |why, remedy| {
                 (
-                    format!("{refname} would move HEAD from {o} to {n}, whose trees differ in {p}, which {why}"),
+                    format!("{refname} would move from {o} to {n}, whose trees differ in {p}, which {why}"),
                     format!(
-                        "Move HEAD only where the worktree may follow: a commit that differs from HEAD \
-                         outside your scope would leave that difference for the human's next reset. {remedy}"
+                        "Move HEAD and branches only where the worktree may follow: a commit that differs \
+                         outside your scope would leave that difference for the human's next reset or checkout. {remedy}"
                     ),
                 )
             })?;
@@ -570,7 +570,8 @@ pub fn am_lock_name(name: &std::ffi::OsStr) -> bool {
 
 /// The state files naming the commit a human's abort resets the worktree to: `ORIG_HEAD`
 /// (`git am --abort`), a rebase's `orig-head` (`git rebase --abort`), the sequencer's `head`
-/// (`git cherry-pick --abort`, `revert --abort`).
+/// (`git cherry-pick --abort`, `revert --abort`), `BISECT_START` (`git bisect reset`); and
+/// any other upper-case file at the top (see [`ListKind::RootRef`]).
 pub fn is_reset_target(rel: &Path) -> bool {
     let name = rel.file_name().and_then(|n| n.to_str()).unwrap_or("");
     let parent = rel
@@ -580,10 +581,10 @@ pub fn is_reset_target(rel: &Path) -> bool {
         .unwrap_or("");
     matches!(
         (parent, name),
-        (".git", "ORIG_HEAD")
+        (".git", "ORIG_HEAD" | "BISECT_START")
             | ("rebase-merge" | "rebase-apply", "orig-head")
             | ("sequencer", "head")
-    )
+    ) || commit_list_kind(rel) == Some(ListKind::RootRef)
 }
 
 /// The state files naming a stash a human's git applies to the worktree when what was left
@@ -671,6 +672,15 @@ pub enum ListKind {
     /// not move where a patch lands ([`apply_opts_ok`]: no `-p`, no `--directory`). And
     /// `rebase-apply/threeway`: `f` only (see `Fs::check_patch`).
     ApplyOpts,
+    /// `FETCH_HEAD`: `<id>\t<not-for-merge>\t<what>` lines, what a fetch brought (the
+    /// human's `git merge FETCH_HEAD`, and any name git resolves through it): each id must
+    /// be one a ref has, or a new commit within the scope.
+    FetchHead,
+    /// Any other file of upper-case name at the top of a git directory (`MERGE_MSG`,
+    /// `BISECT_EXPECTED_REV`, …): git reads a revision name `NAME` as such a file when its
+    /// first line is an id, so that id must be one an abort could reset to (an attack pass
+    /// wrote a forged commit's id into such files and had names resolve to it).
+    RootRef,
     /// `rebase-apply/rebasing`: `git am` then applies the commit each mail's `From <id>`
     /// line names, not the mail's diff (`git rebase --apply`), so every mail there must
     /// name an existing commit that may be applied ([`mail_commit`]).
@@ -907,6 +917,17 @@ pub fn commit_list_kind(rel: &Path) -> Option<ListKind> {
     {
         return Some(ListKind::Ids);
     }
+    if parent == ".git" && name == "FETCH_HEAD" {
+        return Some(ListKind::FetchHead);
+    }
+    // (`AUTO_MERGE` holds a tree, which no checkout or reset takes; names that would
+    // resolve through it are refused where they are written.)
+    if parent == ".git"
+        && crate::policy::git::root_ref_syntax(name)
+        && !matches!(name, "HEAD" | "AUTO_MERGE")
+    {
+        return Some(ListKind::RootRef);
+    }
     // Reflogs: git resolves `@{-1}`, `-`, `@{n}` and `branch@{n}` through them, and `git
     // stash pop` moves `refs/stash` to the entry below the top.
     let p: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
@@ -931,6 +952,9 @@ pub fn commit_list_kind(rel: &Path) -> Option<ListKind> {
 fn label_word(w: &str, known: &[&str]) -> bool {
     known.contains(&w)
         || (!w.is_empty()
+            // (Git resolves an upper-case name as a file at the top of the git directory:
+            // `reset FETCH_HEAD` would reset to whatever that file names.)
+            && !crate::policy::git::root_ref_syntax(w)
             && w.len() <= 200
             && w.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
@@ -1054,6 +1078,10 @@ pub fn named_objects(
                     ids.push(l.to_string());
                 } else if !label_word(l, &[]) {
                     return Err(l.to_string());
+                } else {
+                    // (`git bisect reset` checks out the branch of that name: it must be
+                    // one, judged as what the worktree is reset to.)
+                    ids.push(format!("refs/heads/{l}"));
                 }
             }
         }
@@ -1078,6 +1106,22 @@ pub fn named_objects(
         }
         // (Judged by `Fs::check_patch`.)
         ListKind::Patch | ListKind::ApplyOpts | ListKind::Rebasing => {}
+        ListKind::FetchHead => {
+            for l in lines.iter().filter(|l| !l.trim().is_empty()) {
+                match ref_target(l) {
+                    Some(RefTarget::Oid(o)) => ids.push(o),
+                    _ => return Err(l.to_string()),
+                }
+            }
+        }
+        ListKind::RootRef => {
+            // As git reads a ref: its first line.
+            match lines.first().map(|l| ref_target(l)) {
+                Some(Some(RefTarget::Oid(o))) => ids.push(o),
+                Some(Some(RefTarget::Symbolic(_))) => return Err(lines[0].to_string()),
+                _ => {}
+            }
+        }
         ListKind::Reflog => {
             for l in lines.iter().filter(|l| !l.trim().is_empty()) {
                 let mut w = l.split(' ');
@@ -1674,13 +1718,21 @@ impl Fs {
         // `git checkout -` wrote the old version of a file outside the scope).
         if kind == ListKind::Reflog {
             for from in reflog_switch_sources(text) {
-                let Some(c) = git(
-                    &gitdir,
-                    &["rev-parse", "--verify", "-q", &format!("{from}^{{commit}}")],
-                )
-                .map(|s| s.trim().to_string())
-                .filter(|s| is_oid(s)) else {
-                    continue;
+                // (A branch, as git writes it, or an id: a name resolved otherwise — a tag,
+                // an upper-case file at the top — could be made to name something else
+                // after this check; a third pass used both.)
+                let rev = if hex_id(&from) {
+                    format!("{from}^{{commit}}")
+                } else {
+                    format!("refs/heads/{from}^{{commit}}")
+                };
+                let Some(c) = git(&gitdir, &["rev-parse", "--verify", "-q", &rev])
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| is_oid(s))
+                else {
+                    return Err(refuse(format!(
+                        "`checkout: moving from {from}` names no branch or commit here (the human's `git checkout -` would switch to whatever comes to hold that name)"
+                    )));
                 };
                 self.check_reset_target(
                     ident,
@@ -1689,6 +1741,24 @@ impl Fs {
                     "`git checkout -` would switch the worktree to",
                     &c,
                 )?;
+            }
+        }
+        // What the human's `git rebase --continue` moves other branches to (`--update-refs`:
+        // a ref, its old and its new id, line after line): as any branch move (a third
+        // pass moved a branch back to an old commit so).
+        if kind == ListKind::UpdateRefs {
+            let text = String::from_utf8_lossy(text);
+            let lines: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            for entry in lines.chunks(3) {
+                if let [r, _, new] = entry {
+                    if r.starts_with("refs/") && is_oid(new) && new.bytes().any(|b| b != b'0') {
+                        self.check_head_move(ident, caller, rel, r, Some(new))?;
+                    }
+                }
             }
         }
         // What a human's abort resets the worktree to, or the stash it applies.
@@ -1710,6 +1780,20 @@ impl Fs {
         // (A todo list's commits are applied again, their own changes on top of HEAD.)
         if kind == ListKind::Todo {
             return self.check_applied_commits(ident, caller, rel, &what, &commits);
+        }
+        // What a fetch brought: ids a ref has (a remote-tracking one too: the fetch moved
+        // it), or new commits judged as any.
+        if kind == ListKind::FetchHead {
+            let mut args = vec!["rev-list"];
+            args.extend(commits.iter().copied());
+            args.extend(["--not", "--all"]);
+            let Some(list) = git(&gitdir, &args) else {
+                return Err(refuse("git could not read the commits it names".into()));
+            };
+            let news: Vec<&str> = list.lines().filter(|l| is_oid(l)).collect();
+            return self
+                .check_commit_paths(ident, caller, rel, &what, &news)
+                .map(drop);
         }
         self.check_new_commits(ident, caller, rel, &what, &commits)
             .map(drop)

@@ -265,12 +265,53 @@ pub fn loose_object_id(rel: &Path) -> Option<String> {
     .then(|| format!("{fan}{name}").to_ascii_lowercase())
 }
 
+/// The upper-case files git keeps at the top of a git directory: its pseudo-refs and
+/// messages. Git reads any upper-case name there as a ref (`git rev-parse EVIL` reads
+/// `.git/EVIL`), so no other is made: an attack pass made `.git/EVIL` and `.git/AUTH_FIX`
+/// (shadowing the branch `AUTH_FIX` in the human's `git merge AUTH_FIX`) name a forged
+/// commit.
+pub const GIT_ROOT_FILES: &[&str] = &[
+    "HEAD",
+    "ORIG_HEAD",
+    "FETCH_HEAD",
+    "MERGE_HEAD",
+    "MERGE_MSG",
+    "MERGE_MODE",
+    "MERGE_RR",
+    "MERGE_AUTOSTASH",
+    "CHERRY_PICK_HEAD",
+    "REVERT_HEAD",
+    "REBASE_HEAD",
+    "AUTO_MERGE",
+    "BISECT_START",
+    "BISECT_LOG",
+    "BISECT_NAMES",
+    "BISECT_EXPECTED_REV",
+    "BISECT_ANCESTORS_OK",
+    "BISECT_HEAD",
+    "BISECT_TERMS",
+    "BISECT_RUN",
+    "BISECT_FIRST_PARENT",
+    "COMMIT_EDITMSG",
+    "SQUASH_MSG",
+    "TAG_EDITMSG",
+    "NOTES_EDITMSG",
+    "EDIT_DESCRIPTION",
+    "NOTES_MERGE_PARTIAL",
+    "NOTES_MERGE_REF",
+];
+
+/// A name git reads as a ref at the top of a git directory: upper case and `_` only.
+pub fn root_ref_syntax(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_uppercase() || b == b'_')
+}
+
 /// A file directly in a git directory whose name git does not write there, if `rel` is
 /// one (`Some(name)`). Git reads a revision name `NAME` first as `$GIT_DIR/NAME`: a file
 /// `.git/feature` would stand for the branch `feature` in the human's `git merge feature`,
 /// and for a label a rebase's `reset` names. So only the files git itself keeps there may
-/// be made or written: its pseudo-refs and messages (upper case, e.g. `ORIG_HEAD`,
-/// `MERGE_MSG`), the index and its temporaries, `packed-refs`, `shallow`, `description`,
+/// be made or written: its pseudo-refs and messages ([`GIT_ROOT_FILES`], e.g.
+/// `ORIG_HEAD`, `MERGE_MSG`), the index and its temporaries, `packed-refs`, `shallow`, `description`,
 /// gc's files, lock files, and names git never reads as a revision (starting with `.`,
 /// ending with `~`, an editor's swap file).
 pub fn unknown_git_file(rel: &Path) -> Option<String> {
@@ -285,7 +326,7 @@ pub fn unknown_git_file(rel: &Path) -> Option<String> {
     let known = name.ends_with(".lock")
         || name.starts_with('.')
         || name.ends_with('~')
-        || (!name.is_empty() && name.bytes().all(|b| b.is_ascii_uppercase() || b == b'_'))
+        || GIT_ROOT_FILES.contains(&name)
         || matches!(
             name,
             "index"
