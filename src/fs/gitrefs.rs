@@ -323,7 +323,7 @@ impl Fs {
         // Another local branch: what the human's next checkout of it writes, from its old
         // tip, or (made) from HEAD's: a branch deleted and made again elsewhere was an
         // attack pass's way round the move. (Deleted: nothing to check out.)
-        if !head_move && !(refname.starts_with("refs/heads/") && new_rev.is_some()) {
+        if !(head_move || refname.starts_with("refs/heads/") && new_rev.is_some()) {
             return Ok(());
         }
         let olds: &[&str] = if head_move {
