@@ -573,12 +573,7 @@ pub fn am_lock_name(name: &std::ffi::OsStr) -> bool {
 /// (`git cherry-pick --abort`, `revert --abort`), `BISECT_START` (`git bisect reset`); and
 /// any other upper-case file at the top (see [`ListKind::RootRef`]).
 pub fn is_reset_target(rel: &Path) -> bool {
-    let name = rel.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    let parent = rel
-        .parent()
-        .and_then(|p| p.file_name())
-        .and_then(|n| n.to_str())
-        .unwrap_or("");
+    let (parent, name) = parent_and_name(rel);
     matches!(
         (parent, name),
         (".git", "ORIG_HEAD" | "BISECT_START")
@@ -591,16 +586,22 @@ pub fn is_reset_target(rel: &Path) -> bool {
 /// ends (`rebase --continue`/`--abort`, `merge --abort`): a rebase's `autostash`,
 /// `MERGE_AUTOSTASH`.
 pub fn is_autostash(rel: &Path) -> bool {
+    let (parent, name) = parent_and_name(rel);
+    matches!(
+        (parent, name),
+        (".git", "MERGE_AUTOSTASH") | ("rebase-merge" | "rebase-apply", "autostash")
+    )
+}
+
+/// The name of `rel`'s directory and its own (`""` where there is none, or not UTF-8).
+fn parent_and_name(rel: &Path) -> (&str, &str) {
     let name = rel.file_name().and_then(|n| n.to_str()).unwrap_or("");
     let parent = rel
         .parent()
         .and_then(|p| p.file_name())
         .and_then(|n| n.to_str())
         .unwrap_or("");
-    matches!(
-        (parent, name),
-        (".git", "MERGE_AUTOSTASH") | ("rebase-merge" | "rebase-apply", "autostash")
-    )
+    (parent, name)
 }
 
 /// Git's empty tree, for a repository whose ids are `hexsz` long.
@@ -849,12 +850,7 @@ pub fn commit_list_kind(rel: &Path) -> Option<ListKind> {
     if !crate::policy::git::in_git_dir(rel) {
         return None;
     }
-    let name = rel.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    let parent = rel
-        .parent()
-        .and_then(|p| p.file_name())
-        .and_then(|n| n.to_str())
-        .unwrap_or("");
+    let (parent, name) = parent_and_name(rel);
     let state = matches!(parent, "rebase-merge" | "rebase-apply");
     if is_rebase_todo(rel) || (state && name == "done") {
         return Some(ListKind::Todo);
@@ -2196,9 +2192,8 @@ impl Fs {
 
     /// Refuse when resetting the worktree from HEAD, or from the index, to `target` (a
     /// commit a human's abort resets to, see [`is_reset_target`]) would change a path
-    /// outside `ident`'s scope: the human's git would write it. (Git itself names HEAD there; an agent moving HEAD to
-    /// another commit first does so through the mount, where the worktree it changes is
-    /// checked.)
+    /// outside `ident`'s scope: the human's git would write it. (Git itself names HEAD
+    /// there; HEAD itself moves only within the scope, see [`Fs::check_head_move`].)
     pub(crate) fn check_reset_target(
         &self,
         ident: &Identity,
