@@ -2614,6 +2614,8 @@ fn branches_move_only_within_the_scope_however_they_move() {
         printf "refs/heads/side\n$H\n$C1\n" > .git/rebase-merge/update-refs; echo updaterefs=$?
         rm -rf .git/rebase-merge .git/BISECT_START .git/MERGE_MSG
         echo '// in scope' >> src/auth/session.ts && git commit -qam 'in scope'; echo commit=$?
+        git update-ref refs/$B $C1; echo refsmain=$?
+        git notes add -m 'a note' HEAD; echo notes=$?
         git pack-refs --all; echo packed=$?
         { echo '# pack-refs with: peeled fully-peeled sorted '; echo "$H refs/heads/a"; echo "$C1 refs/heads/$B"; echo "$C1 refs/heads/$B"; echo "$H refs/heads/$B"; } > .git/packed-refs.lock
         mv .git/packed-refs.lock .git/packed-refs; echo packeddup=$?
@@ -2621,7 +2623,7 @@ fn branches_move_only_within_the_scope_however_they_move() {
     "#;
     let (_, m, ctx) = evil(&l, script);
     for k in [
-        "branch", "deleted", "switched", "packed", "forged", "fetchok", "msgok", "commit",
+        "branch", "deleted", "switched", "packed", "forged", "fetchok", "msgok", "commit", "notes",
     ] {
         assert_eq!(m.get(k).map(String::as_str), Some("0"), "{k} failed\n{ctx}");
     }
@@ -2640,6 +2642,7 @@ fn branches_move_only_within_the_scope_however_they_move() {
         "tagname",
         "todoreset",
         "updaterefs",
+        "refsmain",
     ] {
         assert_ne!(
             m.get(k).map(String::as_str),
@@ -2651,7 +2654,7 @@ fn branches_move_only_within_the_scope_however_they_move() {
     let _ = sh_in(
         &l.ws,
         "g() { git -c safe.directory='*' \"$@\" >/dev/null 2>&1; }; \
-         g reset --hard; g checkout -; g checkout -; g checkout feat; g checkout -; g stash pop; g merge agent-work; \
+         g reset --hard; g checkout -; g checkout -; g checkout feat; g checkout -; g stash pop; g merge agent-work; g reset --hard $(git -c safe.directory='*' symbolic-ref --short HEAD); \
          g bisect reset; g merge FETCH_HEAD; g rebase --continue; g reset --hard",
     );
     assert_eq!(ws_text(&l, "docs/index.md"), "# Docs v2\n");

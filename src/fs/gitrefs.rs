@@ -223,6 +223,21 @@ impl Fs {
         let (Some(_), Some(new)) = (self.root_gitdir(rel), new) else {
             return Ok(0);
         };
+        if !known_ref(refname) && !refname.starts_with("refs/replace/") {
+            return Err(self.git_denial(
+                ident,
+                caller,
+                Operation::Ref,
+                rel,
+                format!("{refname}: git makes no ref there, and one there would stand for a branch or tag of the same name"),
+                "Use branches (refs/heads/…) and tags (refs/tags/…).",
+                "git: refs only where git makes them",
+            ));
+        }
+        // Notes name objects in their trees, not worktree paths; nothing checks them out.
+        if refname.starts_with("refs/notes/") {
+            return Ok(0);
+        }
         // Replace refs change what every other object means to git (a tree or a blob
         // swapped under the same commit, which no commit check sees): not an agent's.
         if refname.starts_with("refs/replace/") {
@@ -602,6 +617,36 @@ fn parent_and_name(rel: &Path) -> (&str, &str) {
         .and_then(|n| n.to_str())
         .unwrap_or("");
     (parent, name)
+}
+
+/// A reflog of notes (`logs/refs/notes/…`): their refs move unjudged (see
+/// [`Fs::check_ref_move`]).
+fn notes_reflog(rel: &Path) -> bool {
+    let p: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
+    p.windows(3)
+        .any(|w| w[0] == "logs" && w[1] == "refs" && w[2] == "notes")
+}
+
+/// The ref namespaces git itself makes refs in (and `refs/stash`). A ref elsewhere would
+/// shadow a branch of the same name (`refs/main` comes before `refs/heads/main` when git
+/// resolves `main`: a fourth pass had the human's `git reset --hard main` take an old
+/// commit so).
+pub fn known_ref(refname: &str) -> bool {
+    refname == "HEAD"
+        || refname == "refs/stash"
+        || [
+            "refs/heads/",
+            "refs/tags/",
+            "refs/remotes/",
+            "refs/notes/",
+            "refs/rewritten/",
+            "refs/bisect/",
+            "refs/prefetch/",
+            "refs/worktree/",
+            "refs/original/",
+        ]
+        .iter()
+        .any(|ns| refname.starts_with(ns))
 }
 
 /// Git's empty tree, for a repository whose ids are `hexsz` long.
@@ -1777,8 +1822,8 @@ impl Fs {
         if kind == ListKind::Todo {
             return self.check_applied_commits(ident, caller, rel, &what, &commits);
         }
-        // What a fetch brought: ids a ref has (a remote-tracking one too: the fetch moved
-        // it), or new commits judged as any.
+        // What a fetch brought: ids a ref has (a remote-tracking one too, judged as it
+        // moved), or new commits judged as any.
         if kind == ListKind::FetchHead {
             let mut args = vec!["rev-list"];
             args.extend(commits.iter().copied());
@@ -1790,6 +1835,11 @@ impl Fs {
             return self
                 .check_commit_paths(ident, caller, rel, &what, &news)
                 .map(drop);
+        }
+        // Notes' reflogs: notes name objects in their trees, not worktree paths, and
+        // nothing checks them out (a fourth pass found `git notes add` always refused).
+        if notes_reflog(rel) {
+            return Ok(());
         }
         self.check_new_commits(ident, caller, rel, &what, &commits)
             .map(drop)
