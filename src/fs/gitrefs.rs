@@ -70,6 +70,13 @@ fn git_with(gitdir: &Path, args: &[&str], input: Option<&str>) -> Option<String>
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// The full id of the commit `rev` names in `gitdir` (`git rev-parse --verify`), if any.
+fn resolve_commit(gitdir: &Path, rev: &str) -> Option<String> {
+    git(gitdir, &["rev-parse", "--verify", "-q", rev])
+        .map(|s| s.trim().to_string())
+        .filter(|s| is_oid(s))
+}
+
 /// An object id (SHA-1 or SHA-256, hex).
 fn is_oid(s: &str) -> bool {
     (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| b.is_ascii_hexdigit())
@@ -348,16 +355,22 @@ impl Fs {
         };
         // One `diff-tree` of the two as git resolves them (the usual case); a side git
         // cannot resolve (an unborn branch, a ref made or gone) counts as the empty tree.
-        let empty = empty_tree(self.hexsz(rel));
-        let diff = |a: &str, b: &str| {
-            git(&gitdir, &["diff-tree", "-r", "--name-only", "-z", a, b])
-                .map(|d| (a.to_string(), b.to_string(), d))
+        // (`None`: the empty tree, whose id needs the repository's config, read only then.)
+        let empty = std::cell::OnceCell::new();
+        let tree = |r: Option<&str>| match r {
+            Some(r) => r.to_string(),
+            None => (*empty.get_or_init(|| empty_tree(self.hexsz(rel)))).to_string(),
         };
-        let found = olds.iter().copied().chain([empty]).find_map(|o| {
+        let diff = |a: Option<&str>, b: Option<&str>| {
+            let (a, b) = (tree(a), tree(b));
+            git(&gitdir, &["diff-tree", "-r", "--name-only", "-z", &a, &b]).map(|d| (a, b, d))
+        };
+        let found = olds.iter().copied().map(Some).chain([None]).find_map(|o| {
             new_rev
-                .iter()
-                .map(String::as_str)
-                .chain([empty])
+                .as_deref()
+                .map(Some)
+                .into_iter()
+                .chain([None])
                 .find_map(|n| diff(o, n))
         });
         let Some((old, new, out)) = found else {
@@ -378,18 +391,15 @@ impl Fs {
                 .to_string()
         };
         let (o, n) = (short(&old), short(&new));
-        for p in out.split('\0').filter(|p| !p.is_empty()) {
-            self.in_scope(ident, caller, rel, Operation::Ref, p, |why, remedy| {
-                (
-                    format!("{refname} would move from {o} to {n}, whose trees differ in {p}, which {why}"),
-                    format!(
-                        "Move HEAD and branches only where the worktree may follow: a commit that differs \
-                         outside your scope would leave that difference for the human's next reset or checkout. {remedy}"
-                    ),
-                )
-            })?;
-        }
-        Ok(())
+        self.paths_in_scope(ident, caller, rel, Operation::Ref, &[&out], |p, why, remedy| {
+            (
+                format!("{refname} would move from {o} to {n}, whose trees differ in {p}, which {why}"),
+                format!(
+                    "Move HEAD and branches only where the worktree may follow: a commit that differs \
+                     outside your scope would leave that difference for the human's next reset or checkout. {remedy}"
+                ),
+            )
+        })
     }
 
     /// Refuse when a commit `news` bring that no local ref has changes a path outside
@@ -547,6 +557,30 @@ impl Fs {
         )
         .with_rule(d.rule);
         Err(self.gate.deny(ident, caller, denial))
+    }
+
+    /// [`Fs::in_scope`] for every path of `outs` (git's NUL-separated lists, each path
+    /// judged once, in order), worded by `say(path, why, remedy)`.
+    fn paths_in_scope(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        rel: &Path,
+        op: Operation,
+        outs: &[&str],
+        say: impl Fn(&str, &str, &str) -> (String, String),
+    ) -> Result<()> {
+        let mut paths: Vec<&str> = outs
+            .iter()
+            .flat_map(|o| o.split('\0'))
+            .filter(|p| !p.is_empty())
+            .collect();
+        paths.sort_unstable();
+        paths.dedup();
+        for p in paths {
+            self.in_scope(ident, caller, rel, op, p, |why, remedy| say(p, why, remedy))?;
+        }
+        Ok(())
     }
 }
 
@@ -1767,10 +1801,7 @@ impl Fs {
                 } else {
                     format!("refs/heads/{from}^{{commit}}")
                 };
-                let Some(c) = git(&gitdir, &["rev-parse", "--verify", "-q", &rev])
-                    .map(|s| s.trim().to_string())
-                    .filter(|s| is_oid(s))
-                else {
+                let Some(c) = resolve_commit(&gitdir, &rev) else {
                     return Err(refuse(format!(
                         "`checkout: moving from {from}` names no branch or commit here (the human's `git checkout -` would switch to whatever comes to hold that name)"
                     )));
@@ -1803,8 +1834,9 @@ impl Fs {
             }
         }
         // What a human's abort resets the worktree to, or the stash it applies.
+        let (reset, autostash) = (is_reset_target(rel), is_autostash(rel));
         for c in &commits {
-            if is_reset_target(rel) {
+            if reset {
                 self.check_reset_target(
                     ident,
                     caller,
@@ -1813,7 +1845,7 @@ impl Fs {
                     c,
                 )?;
             }
-            if is_autostash(rel) {
+            if autostash {
                 self.check_stash_apply(ident, caller, rel, c)?;
             }
         }
@@ -2266,16 +2298,11 @@ impl Fs {
                 "git: an abort resets only within the scope",
             )
         };
-        let commit = |rev: &str| {
-            git(&gitdir, &["rev-parse", "--verify", "-q", rev])
-                .map(|s| s.trim().to_string())
-                .filter(|s| is_oid(s))
-        };
-        let Some(to) = commit(&format!("{target}^{{commit}}")) else {
+        let Some(to) = resolve_commit(&gitdir, &format!("{target}^{{commit}}")) else {
             return Err(refuse(format!("{target}, which is not a commit here")));
         };
-        let head =
-            commit("HEAD^{commit}").unwrap_or_else(|| empty_tree(self.hexsz(rel)).to_string());
+        let head = resolve_commit(&gitdir, "HEAD^{commit}")
+            .unwrap_or_else(|| empty_tree(self.hexsz(rel)).to_string());
         // Against HEAD, and against the index: git's aborts reset from the index (an
         // attack pass left HEAD unborn on an orphan branch with the index full, and named
         // an empty commit: no change against HEAD, every tracked file deleted).
@@ -2297,22 +2324,12 @@ impl Fs {
             )));
         };
         let short = &to[..12];
-        let mut paths: Vec<&str> = a
-            .split('\0')
-            .chain(b.split('\0'))
-            .filter(|p| !p.is_empty())
-            .collect();
-        paths.sort_unstable();
-        paths.dedup();
-        for p in paths {
-            self.in_scope(ident, caller, rel, Operation::Write, p, |why, remedy| {
-                (
-                    format!("{}: {what} {short}, which changes {p} (against HEAD or the index), which {why}", rel.display()),
-                    format!("Let git write its own state; to go back to another commit, run `git reset` yourself. {remedy}"),
-                )
-            })?;
-        }
-        Ok(())
+        self.paths_in_scope(ident, caller, rel, Operation::Write, &[&a, &b], |p, why, remedy| {
+            (
+                format!("{}: {what} {short}, which changes {p} (against HEAD or the index), which {why}", rel.display()),
+                format!("Let git write its own state; to go back to another commit, run `git reset` yourself. {remedy}"),
+            )
+        })
     }
 
     /// Refuse when applying the stash `stash` (an autostash, see [`is_autostash`]) would
@@ -2358,19 +2375,12 @@ impl Fs {
         )
         .unwrap_or_default();
         let short = &stash[..12.min(stash.len())];
-        for p in changed
-            .split('\0')
-            .chain(untracked.split('\0'))
-            .filter(|p| !p.is_empty())
-        {
-            self.in_scope(ident, caller, rel, Operation::Write, p, |why, remedy| {
-                (
-                    format!("{}: the stash {short} it names would be applied to the worktree, and it changes {p}, which {why}", rel.display()),
-                    format!("Let git write its own state (`git rebase --autostash`). {remedy}"),
-                )
-            })?;
-        }
-        Ok(())
+        self.paths_in_scope(ident, caller, rel, Operation::Write, &[&changed, &untracked], |p, why, remedy| {
+            (
+                format!("{}: the stash {short} it names would be applied to the worktree, and it changes {p}, which {why}", rel.display()),
+                format!("Let git write its own state (`git rebase --autostash`). {remedy}"),
+            )
+        })
     }
 }
 

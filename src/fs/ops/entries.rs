@@ -319,15 +319,21 @@ impl Fs {
         if !is_dir {
             self.check_stale_at(&ident, caller, Operation::Unlink, &rel, pfd.as_fd(), name)?;
         }
-        let old_ref = crate::policy::git::ref_name(&rel).and_then(|r| {
+        // A loose ref's name and its packed value, read once (a directory holds no ref).
+        let ref_packed = crate::policy::git::ref_name(&rel)
+            .filter(|_| !is_dir)
+            .map(|r| {
+                let packed = self.packed_value(&rel, &r);
+                (r, packed)
+            });
+        let old_ref = ref_packed.as_ref().and_then(|(_, packed)| {
             let v = sys::read_ref_at(pfd.as_fd(), name)?;
             // `git pack-refs` removes loose refs it packed: the ref did not move.
-            (self.packed_value(&rel, &r).as_deref() != Some(v.as_str())).then_some(v)
+            (packed.as_deref() != Some(v.as_str())).then_some(v)
         });
         // The current branch's loose ref deleted: HEAD then names its packed value, or none.
-        if let Some(name) = crate::policy::git::ref_name(&rel).filter(|_| !is_dir) {
-            let packed = self.packed_value(&rel, &name);
-            self.check_head_move(&ident, caller, &rel, &name, packed.as_deref())?;
+        if let Some((r, packed)) = &ref_packed {
+            self.check_head_move(&ident, caller, &rel, r, packed.as_deref())?;
         }
         // What `rewind` needs to make it again: the mode, and a symlink's target.
         let kind = st.st_mode & libc::S_IFMT;
