@@ -167,6 +167,19 @@ pub fn read_small(file: &File, limit: u64) -> Option<Vec<u8>> {
     sys::pread_exact_or_eof(file, 0, st.st_size as usize).ok()
 }
 
+/// [`read_small`], with the stamp the bytes are the content of: `None` when the file
+/// changed while it was read (the bytes then match no stamp, and their hash is not kept).
+pub fn read_small_stamped(file: &File, limit: u64) -> Option<(Vec<u8>, Option<Stamp>)> {
+    let before = stamp_of(&sys::stat_fd(file.as_fd()).ok()?);
+    if before.size > limit {
+        return None;
+    }
+    let bytes = sys::pread_exact_or_eof(file, 0, before.size as usize).ok()?;
+    let after = sys::stat_fd(file.as_fd()).ok().map(|s| stamp_of(&s));
+    let at = (after == Some(before) && before.size == bytes.len() as u64).then_some(before);
+    Some((bytes, at))
+}
+
 /// Below this many bytes written in order, a file is hashed at close as any other.
 const SEQ_MIN: u64 = 4 * 1024 * 1024;
 

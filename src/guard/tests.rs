@@ -352,3 +352,71 @@ fn intents_bound_what_an_identity_may_select() {
     assert!(Intents::All.allows("anything"));
     assert_eq!(Intents::Among(vec![]).describe(), "");
 }
+
+#[test]
+fn protected_paths_compare_by_bytes_as_by_components() {
+    // The byte comparisons of plain paths answer what the component comparisons answer,
+    // for plain and unplain spellings alike (the latter take the component path).
+    let reference = |entries: &[(PathBuf, bool)], rel: &Path| {
+        let matched = entries
+            .iter()
+            .find(|(p, sub)| rel == p || (*sub && rel.starts_with(p)))
+            .map(|(p, _)| p.clone());
+        let below = entries
+            .iter()
+            .find(|(p, _)| p != rel && p.starts_with(rel))
+            .map(|(p, _)| p.clone());
+        (matched, below)
+    };
+    for extra in [
+        PathBuf::from("custom/ledger.jsonl"),
+        PathBuf::from("./odd//name"),
+    ] {
+        let prot = Protected::new(std::slice::from_ref(&extra));
+        for rel in [
+            "",
+            ".git",
+            ".git/hooks",
+            ".git/hooks/pre-commit",
+            ".git/hooksx",
+            ".git/hooks/",
+            ".git//hooks/x",
+            "./.git/hooks/x",
+            ".git/./hooks",
+            ".git/../.git/hooks/x",
+            ".orchestration",
+            ".orchestration/active_intents.yaml",
+            ".orchestrationx/a",
+            "a/.orchestration",
+            ".intentignore",
+            ".intentignore/x",
+            ".claude",
+            ".claude/settings.json",
+            ".claude/settings.local.json",
+            ".claude/hooks/x.sh",
+            ".claude/hooksy",
+            "custom",
+            "custom/ledger.jsonl",
+            "custom/ledger.jsonl2",
+            "odd",
+            "odd/name",
+            "src/lib.rs",
+        ] {
+            let rel = Path::new(rel);
+            let (m, b) = reference(&prot.entries, rel);
+            assert_eq!(
+                prot.matched(rel).is_some(),
+                m.is_some(),
+                "matched {rel:?} with {extra:?}"
+            );
+            assert_eq!(
+                prot.below(rel).is_some(),
+                b.is_some(),
+                "below {rel:?} with {extra:?}"
+            );
+            if let (Some(got), Some(p)) = (prot.matched(rel), m) {
+                assert!(got.contains(&*p.to_string_lossy()), "{got} for {rel:?}");
+            }
+        }
+    }
+}

@@ -63,6 +63,12 @@ pub fn changed_ranges(old: &[u8], new: &[u8]) -> Option<Vec<(u32, u32)>> {
         let lines = memchr::memchr_iter(b'\n', new).count() + usize::from(!new.ends_with(b"\n"));
         return Some(vec![(1, lines as u32)]);
     }
+    // The whole lines both sides begin and end with are cut off before the lines are
+    // split: an edit changes a few lines of a file, and splitting and comparing all of
+    // them was most of a close's diff. The diff trims the same common lines itself (first
+    // the prefix, then the suffix), so what it reports does not change; `skip` lines are
+    // added back to its line numbers.
+    let (skip, old, new) = trim_common_lines(old, new);
     let old_lines: Vec<&[u8]> = old.split_inclusive(|&b| b == b'\n').collect();
     let new_lines: Vec<&[u8]> = new.split_inclusive(|&b| b == b'\n').collect();
     let ops = similar::capture_diff_slices_deadline(
@@ -86,13 +92,47 @@ pub fn changed_ranges(old: &[u8], new: &[u8]) -> Option<Vec<(u32, u32)>> {
             continue;
         }
         // Line counts fit u32: at most 1 MiB of input.
-        let (s, e) = (start as u32 + 1, (start + len) as u32);
+        let (s, e) = ((skip + start) as u32 + 1, (skip + start + len) as u32);
         match out.last_mut() {
             Some(last) if last.1 + 1 >= s => last.1 = last.1.max(e),
             _ => out.push((s, e)),
         }
     }
     Some(out)
+}
+
+/// The lines `old` and `new` have in common at their start and their end cut off: how
+/// many lines were cut at the start, and what is left of each side. Only whole lines are
+/// cut (each ending in `\n`), the longest common run at the start, and at the end the
+/// common run that begins after a `\n` both sides share.
+fn trim_common_lines<'a>(old: &'a [u8], new: &'a [u8]) -> (usize, &'a [u8], &'a [u8]) {
+    let n = old.len().min(new.len());
+    let mut i = 0;
+    while i + 64 <= n && old[i..i + 64] == new[i..i + 64] {
+        i += 64;
+    }
+    while i < n && old[i] == new[i] {
+        i += 1;
+    }
+    // Back to the end of the last whole line in common.
+    let p = memchr::memrchr(b'\n', &old[..i]).map_or(0, |x| x + 1);
+    let skip = memchr::memchr_iter(b'\n', &old[..p]).count();
+    let (o, w) = (&old[p..], &new[p..]);
+    let m = o.len().min(w.len());
+    let mut j = 0;
+    while j + 64 <= m && o[o.len() - j - 64..o.len() - j] == w[w.len() - j - 64..w.len() - j] {
+        j += 64;
+    }
+    while j < m && o[o.len() - j - 1] == w[w.len() - j - 1] {
+        j += 1;
+    }
+    // The common end, from just after its first `\n` (a line start on both sides).
+    let tail = &o[o.len() - j..];
+    let cut = match memchr::memchr(b'\n', tail) {
+        Some(x) => j - (x + 1),
+        None => 0,
+    };
+    (skip, &o[..o.len() - cut], &w[..w.len() - cut])
 }
 
 #[cfg(test)]
@@ -120,6 +160,87 @@ mod tests {
             (sha256_bytes(&big), big.len() as u64)
         );
         assert!(sha256_file(&dir.path().join("missing")).is_err());
+    }
+
+    /// The diff without the trimming: the reference the trimmed diff must equal.
+    fn untrimmed(old: &[u8], new: &[u8]) -> Vec<(u32, u32)> {
+        let o: Vec<&[u8]> = old.split_inclusive(|&b| b == b'\n').collect();
+        let n: Vec<&[u8]> = new.split_inclusive(|&b| b == b'\n').collect();
+        let mut out: Vec<(u32, u32)> = Vec::new();
+        for op in similar::capture_diff_slices(similar::Algorithm::Myers, &o, &n) {
+            let (start, len) = match op {
+                similar::DiffOp::Insert {
+                    new_index, new_len, ..
+                }
+                | similar::DiffOp::Replace {
+                    new_index, new_len, ..
+                } => (new_index, new_len),
+                _ => continue,
+            };
+            if len == 0 {
+                continue;
+            }
+            let (s, e) = (start as u32 + 1, (start + len) as u32);
+            match out.last_mut() {
+                Some(last) if last.1 + 1 >= s => last.1 = last.1.max(e),
+                _ => out.push((s, e)),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn trimming_common_lines_changes_no_range() {
+        // Edits at the start, the end, the middle; repeated lines (where an alignment
+        // could be ambiguous); no final newline; lines longer than the 64-byte strides.
+        let long = "x".repeat(150);
+        let base: Vec<String> = (0..40)
+            .map(|i| match i % 7 {
+                0 => "same\n".to_owned(),
+                3 => format!("{long}{i}\n"),
+                _ => format!("line {i}\n"),
+            })
+            .collect();
+        let text = |lines: &[String]| lines.concat().into_bytes();
+        let old = text(&base);
+        let mut cases: Vec<Vec<u8>> = Vec::new();
+        for at in [0, 1, 3, 20, 38, 39] {
+            let mut v = base.clone();
+            v[at] = format!("changed {at}\n");
+            cases.push(text(&v));
+            let mut v = base.clone();
+            v.insert(at, "same\n".into());
+            cases.push(text(&v));
+            let mut v = base.clone();
+            v.remove(at);
+            cases.push(text(&v));
+            let mut v = base.clone();
+            v[at] = format!("{long}{at}!\n");
+            cases.push(text(&v));
+        }
+        let mut no_nl = old.clone();
+        no_nl.pop();
+        cases.push(no_nl.clone());
+        let mut more = old.clone();
+        more.extend_from_slice(b"// edit 1\n");
+        cases.push(more);
+        cases.push(b"same\n".to_vec());
+        for new in &cases {
+            for (a, b) in [(&old, new), (new, &old), (&no_nl, new)] {
+                assert_eq!(
+                    changed_ranges(a, b),
+                    Some(untrimmed(a, b)),
+                    "{:?} -> {:?}",
+                    String::from_utf8_lossy(a),
+                    String::from_utf8_lossy(b)
+                );
+            }
+        }
+        assert_eq!(
+            changed_ranges(b"a\n", b"a\na\n"),
+            Some(untrimmed(b"a\n", b"a\na\n"))
+        );
+        assert_eq!(changed_ranges(b"a\nb", b"a\nc"), Some(vec![(2, 2)]));
     }
 
     #[test]

@@ -170,6 +170,10 @@ impl Group {
         if !self.set.is_match_candidate(candidate) {
             return None;
         }
+        if let [only] = self.rule_of_glob[..] {
+            // (One glob: it is the one that matched, no second pass to say which.)
+            return Some(only);
+        }
         let first = self.set.matches_candidate(candidate).into_iter().min()?;
         Some(self.rule_of_glob[first])
     }

@@ -525,7 +525,10 @@ impl Fs {
                 && self.content_recorded(&r.to)
         });
         let edit = if over_file {
-            let small = |dir, n| read_at(dir, n, crate::fs::stale::RANGE_LIMIT);
+            let small = |dir, n| {
+                let f = sys::open_read_at(dir, n).ok()?;
+                crate::fs::hash::read_small_stamped(&f, crate::fs::stale::RANGE_LIMIT)
+            };
             small(r.npfd.as_fd(), r.newname).zip(small(r.pfd.as_fd(), r.name))
         } else {
             None
@@ -533,11 +536,13 @@ impl Fs {
         // Both versions go to the store before the rename replaces the old one: the
         // bytes just read for a small file, the files themselves for a larger one.
         let versions = match &edit {
-            Some((old, new)) => {
-                let (ho, hn) = (
-                    crate::ledger::sha256_bytes(old),
-                    crate::ledger::sha256_bytes(new),
-                );
+            Some(((old, at_old), (new, at_new))) => {
+                // (Both are usually known by their stamps: the file renamed over was
+                // recorded when it was last written, the one renamed in at its close.)
+                let hash = |at: &Option<_>, b: &[u8]| {
+                    crate::fs::hash::to_string(&self.hashes.of_bytes(*at, b))
+                };
+                let (ho, hn) = (hash(at_old, old), hash(at_new, new));
                 self.keep_bytes(&r.to, old, &ho);
                 self.keep_bytes(&r.to, new, &hn);
                 (Some(hn), Some(ho))
@@ -601,7 +606,7 @@ impl Fs {
             }
         }
         Ok(RenameEffects {
-            edit,
+            edit: edit.map(|((old, _), (new, _))| (old, new)),
             versions,
             moved_ref,
             packed: packed.unwrap_or_default(),
