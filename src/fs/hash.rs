@@ -111,6 +111,27 @@ impl HashCache {
         h
     }
 
+    /// A rename moved a file whose hash is known at `before` (its stamp as the rename
+    /// found it) and the file now has the stamp `after`: when only the change time moved
+    /// (the rename's own), the same bytes are known under `after` too. A write in
+    /// between moves the modification time as well (and on Linux 6.13+ filesystems with
+    /// multigrain timestamps, always to a later one than the `stat` before it saw), so
+    /// the hash is then not carried. Without it, the next open of a file written under a
+    /// temporary name and renamed into place (editors, `sed -i`, `os.replace`) hashed it
+    /// again.
+    pub fn carry_over_rename(&self, before: &Stamp, after: &Stamp) {
+        let same_bytes = before.dev == after.dev
+            && before.ino == after.ino
+            && before.size == after.size
+            && before.mtime == after.mtime;
+        if !same_bytes || before == after {
+            return;
+        }
+        if let Some(h) = self.cached(before) {
+            self.insert(*after, h);
+        }
+    }
+
     /// Remember a hash computed elsewhere (e.g. from bytes already in memory).
     pub fn insert(&self, s: Stamp, h: [u8; 32]) {
         let mut m = self.map.lock();
@@ -288,5 +309,46 @@ impl SeqHash {
             }
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod carry_tests {
+    use super::*;
+
+    fn stamp(ino: u64, size: u64, mtime: i64, ctime: i64) -> Stamp {
+        Stamp {
+            dev: 1,
+            ino,
+            size,
+            mtime: (mtime, 0),
+            ctime: (ctime, 0),
+        }
+    }
+
+    #[test]
+    fn a_rename_carries_a_hash_only_when_nothing_but_the_change_time_moved() {
+        let c = HashCache::default();
+        let before = stamp(7, 10, 100, 100);
+        c.insert(before, [9; 32]);
+        // The rename's own ctime: carried.
+        let renamed = stamp(7, 10, 100, 101);
+        c.carry_over_rename(&before, &renamed);
+        assert_eq!(c.cached(&renamed), Some([9; 32]));
+        // A write in between (mtime moved, or the size): not carried.
+        let c = HashCache::default();
+        c.insert(before, [9; 32]);
+        for after in [
+            stamp(7, 10, 101, 101),
+            stamp(7, 11, 100, 101),
+            stamp(8, 10, 100, 101),
+        ] {
+            c.carry_over_rename(&before, &after);
+            assert_eq!(c.cached(&after), None, "{after:?}");
+        }
+        // Nothing known before: nothing carried.
+        let c = HashCache::default();
+        c.carry_over_rename(&before, &renamed);
+        assert_eq!(c.cached(&renamed), None);
     }
 }

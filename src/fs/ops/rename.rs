@@ -271,6 +271,16 @@ impl Fs {
         }
         let fx = self.rename_effects(&g.ident, caller, &r)?;
         sys::rename_at(r.pfd.as_fd(), name, r.npfd.as_fd(), newname, g.flags)?;
+        // (A file's known hash follows it to its new name: the rename moved only its
+        // change time.)
+        if !r.src_dir && !r.exchange && r.src.st_mode & libc::S_IFMT == libc::S_IFREG {
+            if let Ok(st) = sys::stat_at(r.npfd.as_fd(), newname) {
+                self.hashes.carry_over_rename(
+                    &crate::fs::hash::stamp_of(&r.src),
+                    &crate::fs::hash::stamp_of(&st),
+                );
+            }
+        }
         self.rename_done(&g, caller, &r, &fx)?;
         let draft = self.rename_draft(&r, fx.edit, fx.versions);
         self.record(&g.ident, caller, MutationType::Rename, &r.to, draft)?;
