@@ -1562,3 +1562,49 @@ os._exit(0)
     assert_eq!(last["agent"]["name"], "alice");
     assert_verified(&tm);
 }
+
+#[test]
+fn a_rename_over_a_file_names_the_bytes_it_moved_after_a_write_through_a_mapping() {
+    // (Attack pass of stop 25.) A write through a page already mapped writable changes the
+    // bytes without moving the file's stamp: the rename's entry, and the object the store
+    // keeps for it, must be the bytes moved, not a hash remembered for the stamp.
+    let tm = mount(&[
+        ("docs/dst.md", "XXXXXXXXXXXXXXXXq\n"),
+        ("docs/src.md", "CCCCCCCCCCCCCCCCq\n"),
+    ]);
+    let py = format!(
+        "import mmap,os\n\
+         src,dst='{src}','{dst}'\n\
+         fd=os.open(src,os.O_RDWR)\n\
+         m=mmap.mmap(fd,0)\n\
+         os.close(fd)\n\
+         m[0:16]=b'AAAAAAAAAAAAAAAA'\n\
+         with open(src,'rb') as f: assert f.read().startswith(b'AAAA')\n\
+         m[0:16]=b'BBBBBBBBBBBBBBBB'\n\
+         os.rename(src,dst)\n\
+         m.close()\n",
+        src = tm.m("docs/src.md").display(),
+        dst = tm.m("docs/dst.md").display(),
+    );
+    let out = Command::new(python()).args(["-c", &py]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let moved = tm.ws_bytes("docs/dst.md");
+    assert_eq!(moved, b"BBBBBBBBBBBBBBBBq\n");
+    let renames = entries(&tm, "RENAME", "docs/dst.md");
+    assert_eq!(renames.len(), 1, "{renames:#?}");
+    let want = sha(&moved);
+    assert_eq!(renames[0]["content_hash"], want.as_str(), "{renames:#?}");
+    assert_eq!(
+        renames[0]["prev_content_hash"],
+        sha(b"XXXXXXXXXXXXXXXXq\n").as_str()
+    );
+    let store = intentfs::store::Store::open_existing(&intentfs::store::Store::default_dir(&tm.ws))
+        .unwrap()
+        .expect("the mount created its store");
+    assert_eq!(store.get(&want).unwrap().unwrap(), moved);
+    // (The store may keep the version read in between; if it does, under its own name.)
+    let a = b"AAAAAAAAAAAAAAAAq\n";
+    if let Some(b) = store.get(&sha(a)).unwrap() {
+        assert_eq!(b, a, "an object holds other bytes than its name says");
+    }
+}

@@ -111,23 +111,19 @@ impl HashCache {
         h
     }
 
-    /// A rename moved a file whose hash is known at `before` (its stamp as the rename
-    /// found it) and the file now has the stamp `after`: when only the change time moved
-    /// (the rename's own), the same bytes are known under `after` too. A write in
-    /// between moves the modification time as well (and on Linux 6.13+ filesystems with
-    /// multigrain timestamps, always to a later one than the `stat` before it saw), so
-    /// the hash is then not carried. Without it, the next open of a file written under a
-    /// temporary name and renamed into place (editors, `sed -i`, `os.replace`) hashed it
-    /// again.
-    pub fn carry_over_rename(&self, before: &Stamp, after: &Stamp) {
+    /// A rename moved a file whose bytes, read at the stamp `before`, hash to `h`, and
+    /// the file now has the stamp `after`: when only the change time moved (the
+    /// rename's own), the same bytes are known under `after`. A write in between moves
+    /// the modification time as well (on Linux 6.13+ filesystems with multigrain
+    /// timestamps, always to a later one than the `stat` before it saw), and the hash is
+    /// then not kept. Without it, the next open of a file written under a temporary name
+    /// and renamed into place (editors, `sed -i`, `os.replace`) hashed it again.
+    pub fn carry_over_rename(&self, before: &Stamp, h: [u8; 32], after: &Stamp) {
         let same_bytes = before.dev == after.dev
             && before.ino == after.ino
             && before.size == after.size
             && before.mtime == after.mtime;
-        if !same_bytes || before == after {
-            return;
-        }
-        if let Some(h) = self.cached(before) {
+        if same_bytes {
             self.insert(*after, h);
         }
     }
@@ -328,27 +324,21 @@ mod carry_tests {
 
     #[test]
     fn a_rename_carries_a_hash_only_when_nothing_but_the_change_time_moved() {
-        let c = HashCache::default();
         let before = stamp(7, 10, 100, 100);
-        c.insert(before, [9; 32]);
-        // The rename's own ctime: carried.
-        let renamed = stamp(7, 10, 100, 101);
-        c.carry_over_rename(&before, &renamed);
-        assert_eq!(c.cached(&renamed), Some([9; 32]));
-        // A write in between (mtime moved, or the size): not carried.
+        // The rename's own ctime: kept under the new stamp.
         let c = HashCache::default();
-        c.insert(before, [9; 32]);
+        let renamed = stamp(7, 10, 100, 101);
+        c.carry_over_rename(&before, [9; 32], &renamed);
+        assert_eq!(c.cached(&renamed), Some([9; 32]));
+        // A write in between (mtime moved, or the size), or another file there: not kept.
+        let c = HashCache::default();
         for after in [
             stamp(7, 10, 101, 101),
             stamp(7, 11, 100, 101),
             stamp(8, 10, 100, 101),
         ] {
-            c.carry_over_rename(&before, &after);
+            c.carry_over_rename(&before, [9; 32], &after);
             assert_eq!(c.cached(&after), None, "{after:?}");
         }
-        // Nothing known before: nothing carried.
-        let c = HashCache::default();
-        c.carry_over_rename(&before, &renamed);
-        assert_eq!(c.cached(&renamed), None);
     }
 }

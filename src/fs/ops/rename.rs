@@ -271,14 +271,13 @@ impl Fs {
         }
         let fx = self.rename_effects(&g.ident, caller, &r)?;
         sys::rename_at(r.pfd.as_fd(), name, r.npfd.as_fd(), newname, g.flags)?;
-        // (A file's known hash follows it to its new name: the rename moved only its
-        // change time.)
-        if !r.src_dir && !r.exchange && r.src.st_mode & libc::S_IFMT == libc::S_IFREG {
+        // (The hash of the bytes this rename read of the file moved follows it to its new
+        // stamp when the rename moved only its change time: its next open does not hash
+        // it again.)
+        if let Some((at, h)) = fx.moved {
             if let Ok(st) = sys::stat_at(r.npfd.as_fd(), newname) {
-                self.hashes.carry_over_rename(
-                    &crate::fs::hash::stamp_of(&r.src),
-                    &crate::fs::hash::stamp_of(&st),
-                );
+                self.hashes
+                    .carry_over_rename(&at, h, &crate::fs::hash::stamp_of(&st));
             }
         }
         self.rename_done(&g, caller, &r, &fx)?;
@@ -545,14 +544,19 @@ impl Fs {
         };
         // Both versions go to the store before the rename replaces the old one: the
         // bytes just read for a small file, the files themselves for a larger one.
+        let mut moved = None;
         let versions = match &edit {
-            Some(((old, at_old), (new, at_new))) => {
-                // (Both are usually known by their stamps: the file renamed over was
-                // recorded when it was last written, the one renamed in at its close.)
-                let hash = |at: &Option<_>, b: &[u8]| {
-                    crate::fs::hash::to_string(&self.hashes.of_bytes(*at, b))
-                };
-                let (ho, hn) = (hash(at_old, old), hash(at_new, new));
+            Some(((old, _), (new, at_new))) => {
+                // The bytes read are hashed, never a hash remembered for their stamp: a
+                // write through a page already mapped writable changes them without
+                // moving the stamp, and the store would keep them under another
+                // content's name.
+                let hn32: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(new).into();
+                let (ho, hn) = (
+                    crate::ledger::sha256_bytes(old),
+                    crate::fs::hash::to_string(&hn32),
+                );
+                moved = at_new.map(|at| (at, hn32));
                 self.keep_bytes(&r.to, old, &ho);
                 self.keep_bytes(&r.to, new, &hn);
                 (Some(hn), Some(ho))
@@ -617,6 +621,7 @@ impl Fs {
         }
         Ok(RenameEffects {
             edit: edit.map(|((old, _), (new, _))| (old, new)),
+            moved,
             versions,
             moved_ref,
             packed: packed.unwrap_or_default(),
@@ -795,6 +800,8 @@ struct RenameGrant {
 struct RenameEffects {
     /// `(old, new)` content of a file renamed over (an edit).
     edit: Option<(Vec<u8>, Vec<u8>)>,
+    /// The file renamed over another: the stamp its bytes were read at and their hash.
+    moved: Option<(crate::guard::stale::Stamp, [u8; 32])>,
     /// `(new, old)` content hashes of a file renamed over, both kept in the store.
     versions: (Option<String>, Option<String>),
     /// A loose ref moved: `(name, old, new)`.
