@@ -99,16 +99,10 @@ if ((URING)); then
     fi
 fi
 
-reg=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/ 2>/dev/null | head -1)
-[[ -n $reg ]] || { echo "no cargo registry sources under ${CARGO_HOME:-$HOME/.cargo}/registry/src" >&2; exit 1; }
-crates=() n=0
-while read -r c; do
-    k=$(find "$reg$c" -type f | wc -l)
-    ((k > 1000)) && continue
-    crates+=("$c") n=$((n + k))
-    ((n >= FILES)) && break
-done < <(ls "$reg")
-tar -C "$reg" -cf "$tmp/tree.tar" "${crates[@]}"
+# The tree bench/run.sh unpacks.
+# shellcheck source=bench/lib/tree.sh
+. "$root/bench/lib/tree.sh"
+tree_tar "$tmp/tree.tar" "$FILES" || exit 1
 # The edit loop of bench/run.sh, word for word.
 sed -n "/^read -r -d '' EDIT_PY <<'EOF'/,/^EOF/p" "$root/bench/run.sh" | sed '1d;$d' >"$tmp/edit.py"
 [[ -s $tmp/edit.py ]] || { echo "could not take the edit loop from bench/run.sh" >&2; exit 1; }

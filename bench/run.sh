@@ -235,18 +235,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-reg=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/ 2>/dev/null | head -1)
-[[ -n $reg ]] || { echo "no cargo registry sources under ${CARGO_HOME:-$HOME/.cargo}/registry/src" >&2; exit 1; }
-# Crates in name order (skipping the few huge ones that are mostly prebuilt import
-# libraries) until about FILES files: a real, varied Rust source tree.
-crates=() nfiles=0
-while read -r c; do
-    n=$(find "$reg$c" -type f | wc -l)
-    ((n > 1000)) && continue
-    crates+=("$c") nfiles=$((nfiles + n))
-    ((nfiles >= FILES)) && break
-done < <(ls "$reg")
-tar -C "$reg" -cf "$tmp/tree.tar" "${crates[@]}"
+# shellcheck source=bench/lib/tree.sh
+. "$root/bench/lib/tree.sh"
+tree_tar "$tmp/tree.tar" "$FILES" || exit 1
 tree_mib=$(du -sm "$tmp/tree.tar" | cut -f1)
 # What `find . | wc -l` must print after the K copies: ".", c1..cK, every tar entry K times.
 FIND_WANT=$(($(tar -tf "$tmp/tree.tar" | wc -l) * COPIES + COPIES + 1))
@@ -422,7 +413,7 @@ for m in "${TARGETS[@]}"; do [[ $m == hp_* ]] && RING0[$m]=$(ring_cqes "${HP_PID
 
 echo "intentfs:  $BIN ($(git -C "$root" rev-parse --short HEAD 2>/dev/null)$(git -C "$root" diff --quiet HEAD -- src 2>/dev/null || echo ', src modified'))"
 echo "machine:   $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r), $(stat -f -c %T "$fs") at $fs$([[ $FS == image ]] && echo " (a fresh image, --fs image)")"
-echo "tree:      ${#crates[@]} crates from $reg, $nfiles files, $tree_mib MiB; x$COPIES copies"
+echo "tree:      $TREE_CRATES crates from $TREE_REG, $TREE_FILES files, $tree_mib MiB; x$COPIES copies"
 names=() && for tg in "${TARGETS[@]}"; do names+=("${NAME[$tg]}"); done
 echo "targets:   ${names[*]}$( ((HAVE_BINDFS)) || echo ' (bindfs not installed: --with-bindfs)')$([[ -n $HP || $PEERS == no ]] || echo " (no passthrough_hp: $HP_WHY)"); $ROUNDS round(s); sequential $SEQ_MIB MiB; search: ${RG%% *}"
 [[ -n ${INTENTFS_MOUNT_ARGS:-} ]] && echo "intentfs mount options: ${INTENTFS_MOUNT_ARGS# }"
@@ -830,7 +821,7 @@ echo " CPU = its utime + stime over its whole life, probes included)"
 echo
 
 echo "intentfs daemon (pid $DAEMON): peak RSS $(awk -v k="${RSS_WALK:-0}" 'BEGIN { printf "%.1f", k / 1024 }') MiB after walking" \
-    "$((nfiles * COPIES)) files (round 1), $(awk -v k="${RSS_END:-0}" 'BEGIN { printf "%.1f", k / 1024 }') MiB at the end" \
+    "$((TREE_FILES * COPIES)) files (round 1), $(awk -v k="${RSS_END:-0}" 'BEGIN { printf "%.1f", k / 1024 }') MiB at the end" \
     "(VmRSS now $(awk -v k="${RSS_NOW:-0}" 'BEGIN { printf "%.1f", k / 1024 }') MiB; target < 100 MiB after 50,000 files); CPU ${CPU:-?} s"
 
 for m in "${HPS[@]}"; do
