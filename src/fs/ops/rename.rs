@@ -534,11 +534,11 @@ impl Fs {
                 && self.content_recorded(&r.to)
         });
         let edit = if over_file {
-            let small = |dir, n| {
-                let f = sys::open_read_at(dir, n).ok()?;
+            // (The stamp is wanted only for the file moved, whose hash follows it.)
+            let moved = sys::open_read_at(r.pfd.as_fd(), r.name).ok().and_then(|f| {
                 crate::fs::hash::read_small_stamped(&f, crate::fs::stale::RANGE_LIMIT)
-            };
-            small(r.npfd.as_fd(), r.newname).zip(small(r.pfd.as_fd(), r.name))
+            });
+            read_at(r.npfd.as_fd(), r.newname, crate::fs::stale::RANGE_LIMIT).zip(moved)
         } else {
             None
         };
@@ -546,7 +546,7 @@ impl Fs {
         // bytes just read for a small file, the files themselves for a larger one.
         let mut moved = None;
         let versions = match &edit {
-            Some(((old, _), (new, at_new))) => {
+            Some((old, (new, at_new))) => {
                 // The bytes read are hashed, never a hash remembered for their stamp: a
                 // write through a page already mapped writable changes them without
                 // moving the stamp, and the store would keep them under another
@@ -620,7 +620,7 @@ impl Fs {
             }
         }
         Ok(RenameEffects {
-            edit: edit.map(|((old, _), (new, _))| (old, new)),
+            edit: edit.map(|(old, (new, _))| (old, new)),
             moved,
             versions,
             moved_ref,
