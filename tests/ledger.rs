@@ -15,6 +15,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::io::Write;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Mutex};
@@ -1088,9 +1089,22 @@ fn full_disk_scenario(kick: bool) {
     let refused_mkdir = r.is_err();
     let r = std::fs::rename(tm.m("before.txt"), tm.m("renamed_while_full.txt"));
     let refused_rename = r.is_err();
+    // (`--record async` writes a mode change's entry after its reply: it is refused all the
+    // same while the ledger cannot be written.)
+    let r = std::fs::set_permissions(tm.m("before.txt"), std::fs::Permissions::from_mode(0o600));
+    let refused_chmod = r.is_err();
     assert!(
-        refused_mkdir && refused_rename,
-        "mkdir ({refused_mkdir}) and rename ({refused_rename}) must fail closed while the ledger is unwritable"
+        refused_mkdir && refused_rename && refused_chmod,
+        "mkdir ({refused_mkdir}), rename ({refused_rename}) and chmod ({refused_chmod}) must fail closed while the ledger is unwritable"
+    );
+    assert_eq!(
+        std::fs::metadata(tm.w("before.txt"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o644,
+        "the refused chmod changed the file"
     );
 
     // Free space directly in the workspace: mutations succeed again.

@@ -12,6 +12,7 @@
 mod common;
 
 use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 
 use common::*;
@@ -247,6 +248,87 @@ fn without_rerecords(entries: Vec<Value>) -> Vec<Value> {
             !again
         })
         .collect()
+}
+
+/// What `tar x` does to every file (create with mode 0600, write, `fchmod` to the mode of
+/// the archive, close) and to every directory: the mode changes' entries are written after
+/// their reply, by the recorder (its count of jobs done grows by one per change), yet each
+/// lands in the order the agent acted (after the file's `CREATE`, before the `CHMOD` that
+/// followed it; before the rename that follows it), with the modes before and after, the
+/// process that made it, and the intent it was made under, even when the agent switches
+/// intent right after.
+#[test]
+fn mode_changes_are_recorded_after_their_reply_in_order_under_their_intent() {
+    for data in ["daemon", "passthrough"] {
+        let tm = mount(data);
+        let done = |tm: &TestMount| tm.status()["counters"]["record"]["done"].as_u64().unwrap();
+        let before = done(&tm);
+        python(
+            &tm,
+            "import os\nos.mkdir('d', 0o700)\nfor i in range(40):\n    \
+             fd = os.open('d/m%02d.sh' % i, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)\n    \
+             os.write(fd, b'echo %d\\n' % i)\n    os.fchmod(fd, 0o755)\n    os.close(fd)\n    \
+             os.chmod('d/m%02d.sh' % i, 0o750)\nos.chmod('d', 0o755)\n\
+             open('x.sh', 'w').write('x')\nos.chmod('x.sh', 0o700)\nos.rename('x.sh', 'y.sh')\n\
+             open('.intentfs/intent', 'w').write('DOCS')\n",
+        );
+        assert_eq!(tm.ctl("intent"), "DOCS\n", "{data}");
+        // 41 closes and 82 mode changes, every one through the recorder.
+        let jobs = done(&tm) - before;
+        assert!(
+            jobs >= 123,
+            "{data}: {jobs} jobs for 41 closes and 82 mode changes"
+        );
+        let ledger = tm.mutations();
+        for i in 0..40 {
+            let rel = format!("d/m{i:02}.sh");
+            let kinds: Vec<(String, String)> = of(&ledger, &rel)
+                .iter()
+                .map(|e| {
+                    let mode = e["detail"]["mode_after"].as_str().unwrap_or("").to_owned();
+                    (e["mutation_type"].as_str().unwrap().to_owned(), mode)
+                })
+                .collect();
+            let want: Vec<(String, String)> = [
+                ("CREATE", ""),
+                ("CHMOD", "755"),
+                ("WRITE", ""),
+                ("CHMOD", "750"),
+            ]
+            .iter()
+            .map(|(k, m)| ((*k).to_owned(), (*m).to_owned()))
+            .collect();
+            assert_eq!(kinds, want, "{data}: {rel}");
+            for e in of(&ledger, &rel)
+                .iter()
+                .filter(|e| e["mutation_type"] == "CHMOD")
+            {
+                assert_eq!(e["intent_id"], "ALL", "{data}: {e}");
+                assert_eq!(e["agent"]["process"], "python3", "{data}: {e}");
+            }
+            assert_eq!(
+                std::fs::metadata(tm.w(&rel)).unwrap().permissions().mode() & 0o777,
+                0o750,
+                "{data}: {rel}"
+            );
+        }
+        let dir = of(&ledger, "d");
+        assert_eq!(dir.len(), 2, "{data}: {dir:?}");
+        assert_eq!(dir[1]["mutation_type"], "CHMOD", "{data}: {dir:?}");
+        assert_eq!(dir[1]["detail"]["mode_before"], "700", "{data}: {dir:?}");
+        assert_eq!(dir[1]["detail"]["mode_after"], "755", "{data}: {dir:?}");
+        // A rename right after a mode change waits for its entry: the CHMOD names the file
+        // by the name it had.
+        let at = |mt: &str, path: &str| {
+            ledger
+                .iter()
+                .position(|e| e["mutation_type"] == mt && e["path"] == path)
+                .unwrap_or_else(|| panic!("{data}: no {mt} of {path}"))
+        };
+        assert!(at("CHMOD", "x.sh") < at("RENAME", "y.sh"), "{data}");
+        let (passed, v) = verify(&tm.ws);
+        assert!(passed, "{data}: verify: {v}");
+    }
 }
 
 /// A close made under one intent is recorded under it, even when the agent switches

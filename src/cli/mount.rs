@@ -136,9 +136,10 @@ pub struct MountArgs {
     /// When the entry of a file's close is written: `sync` (before `close()` returns: a
     /// returned close is on record, even if the daemon is killed right after) or `async`
     /// (right after the reply, in order, by a thread of its own: `close()` does not wait
-    /// for the hash, the kept version and the entry; a later change of the same file waits
-    /// for its entry; a daemon killed with closes queued, at most 256, loses their entries
-    /// and `intentfs ledger verify` reports those files as drift). See docs/ledger.md.
+    /// for the hash, the kept version and the entry; mode, owner and xattr changes are
+    /// recorded after their reply too; a later change of the same file waits for its
+    /// entry; a daemon killed with entries queued, at most 256, loses them, and `intentfs
+    /// ledger verify` reports the closes among them as drift). See docs/ledger.md.
     /// INTENTFS_RECORD sets it too.
     #[arg(
         long,
@@ -813,12 +814,12 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
             .map_err(|e| anyhow!("--low-latency: {}: {e}", crate::latency::DEVICE))?;
         let _ = fs.low_latency.set(ll);
     }
+    let fs = Arc::new(fs);
     if plan.args.record == RecordMode::Async {
         fs.start_recorder()
             .map_err(|e| anyhow!("--record async: cannot start the recorder thread: {e}"))?;
     }
     tracing::info!("record: {}", plan.args.record.name());
-    let fs = Arc::new(fs);
     let fs_weak = Arc::downgrade(&fs);
     spawn_temp_sweeper(Arc::downgrade(&fs));
     broker.set_operator(Arc::new(crate::fs::operator::FsOperator(Arc::downgrade(

@@ -497,7 +497,21 @@ impl Gate {
         caller: &Caller,
         mt: MutationType,
         rel: &Path,
+        draft: Draft,
+    ) -> Result<()> {
+        self.record_as(ident, caller, mt, rel, draft, ident.intent())
+    }
+
+    /// [`Gate::record`] under `intent`: the identity's intent when the change was
+    /// answered (`--record async` writes the entry later).
+    pub fn record_as(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        mt: MutationType,
+        rel: &Path,
         mut draft: Draft,
+        intent: Option<String>,
     ) -> Result<()> {
         ident.mutations.fetch_add(1, Ordering::Relaxed);
         self.counters.mutations.fetch_add(1, Ordering::Relaxed);
@@ -533,7 +547,7 @@ impl Gate {
             }
             return Ok(());
         }
-        draft.intent_id = ident.intent();
+        draft.intent_id = intent;
         // (An agent named already was taken when the change was answered: `--record async`.)
         if draft.agent.is_none() {
             draft.agent = Some(self.agent(ident, caller));

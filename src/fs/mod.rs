@@ -45,6 +45,23 @@ use crate::ledger::{Draft, Ledger, MutationType};
 pub use gate::Gate;
 pub use handle::FileHandle;
 
+/// `--record async`: the entries written after the reply, besides a close's (queued by
+/// `Fs::flush` with the hashing that makes it). A change of a file's mode, owner or
+/// extended attributes: `tar x` makes one per file and directory, and written before the
+/// reply its entry was a fifth of the time `tar` waited for its `fchmod`. Every other entry
+/// is written before its reply, as with `--record sync`: `intentfs ledger verify` finds a
+/// change whose entry a killed daemon lost by comparing the files the ledger names with the
+/// disk (a created file no entry names would be invisible to it, a deletion or truncation
+/// is not worth deferring: `rm -rf` measured no faster), while it does not compare modes,
+/// owners or attributes: those entries, queued when the daemon is killed, are lost unseen
+/// (docs/limits.md).
+fn deferrable(mt: MutationType) -> bool {
+    matches!(
+        mt,
+        MutationType::Chmod | MutationType::Chown | MutationType::Xattr | MutationType::Utimes
+    )
+}
+
 /// Who sent a request.
 #[derive(Clone, Copy, Debug)]
 pub struct Caller {
@@ -254,6 +271,8 @@ pub struct Fs {
     pub(crate) versions: versions::Versions,
     /// Writes a close's entry after its reply (see [`recorder`]), when on.
     pub(crate) recorder: std::sync::OnceLock<recorder::Recorder>,
+    /// This filesystem, for the recorder's jobs (set by [`Fs::start_recorder`]).
+    me: std::sync::OnceLock<std::sync::Weak<Fs>>,
 }
 
 impl Fs {
@@ -289,6 +308,7 @@ impl Fs {
             otlp: std::sync::OnceLock::new(),
             versions: versions::Versions::default(),
             recorder: std::sync::OnceLock::new(),
+            me: std::sync::OnceLock::new(),
         })
     }
 
@@ -323,11 +343,12 @@ impl Fs {
         self.data_passthrough.load(Ordering::Relaxed)
     }
 
-    /// `--record async`: closes are recorded after their reply (see [`recorder`]).
-    pub fn start_recorder(&self) -> std::io::Result<()> {
+    /// `--record async`: entries are written after their reply (see [`recorder`]).
+    pub fn start_recorder(self: &Arc<Self>) -> std::io::Result<()> {
         if self.recorder.get().is_none() {
             let _ = self.recorder.set(recorder::Recorder::start()?);
         }
+        let _ = self.me.set(Arc::downgrade(self));
         Ok(())
     }
 
@@ -556,6 +577,63 @@ impl Fs {
         self.gate
             .record(ident, caller, mt, rel, draft)
             .inspect_err(|e| self.on_ledger_failure(e))
+    }
+
+    /// [`Fs::record`] of a change made to `node`. `--record async`: an entry
+    /// [`deferrable`] is written by the recorder, after the reply, in the order the changes
+    /// were answered; the file owes it until then, so its next change waits for it (as
+    /// after a close, see [`recorder`]). Who made the change and under which intent are
+    /// taken now. The ledger was found writable when the change was authorized and is
+    /// looked at again here: one that cannot be written takes the entry now, and the
+    /// change fails closed as with `--record sync`.
+    pub(crate) fn record_change(
+        &self,
+        node: &inode::Node,
+        ident: &Arc<Identity>,
+        caller: &Caller,
+        mt: MutationType,
+        rel: &Path,
+        mut draft: Draft,
+    ) -> Result<()> {
+        let Some((rec, fs)) = self.deferring(mt) else {
+            return self.record(ident, caller, mt, rel, draft);
+        };
+        if draft.agent.is_none() {
+            draft.agent = Some(self.gate.agent(ident, caller));
+        }
+        let intent = ident.intent();
+        let (ident, caller, rel) = (ident.clone(), *caller, rel.to_path_buf());
+        let key = (node.dev, node.ino);
+        self.table.owe(key);
+        rec.queue(Box::new(move || {
+            fs.note_versions(&rel, &mut draft);
+            if let Err(e) = fs.gate.record_as(&ident, &caller, mt, &rel, draft, intent) {
+                fs.on_ledger_failure(&e);
+                if let Some(r) = fs.recorder.get() {
+                    r.stats.failures.fetch_add(1, Ordering::Relaxed);
+                }
+                tracing::error!(error = ?e, path = %rel.display(), ?mt, "--record async: an entry could not be written");
+            }
+            fs.table.settle(key);
+        }));
+        Ok(())
+    }
+
+    /// `--record async`, an entry [`deferrable`], off the recorder's own thread, with a
+    /// ledger that can be written: the recorder and this filesystem, to write it later.
+    fn deferring(&self, mt: MutationType) -> Option<(&recorder::Recorder, Arc<Fs>)> {
+        let rec = self.recorder.get()?;
+        if !deferrable(mt)
+            || recorder::is_recorder()
+            || self
+                .gate
+                .ledger
+                .as_ref()
+                .is_some_and(|l| l.health().is_err())
+        {
+            return None;
+        }
+        Some((rec, self.me.get()?.upgrade()?))
     }
 
     /// Handles on files deleted outside the mount would keep their space allocated on the

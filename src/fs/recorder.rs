@@ -1,6 +1,7 @@
 //! `--record async`: what a close left is recorded after the close is answered, by a
 //! thread of its own, so `close(2)` does not wait for the hash, the kept version and the
-//! `WRITE` entry (and a release's work does not hold a serving thread).
+//! `WRITE` entry (and a release's work does not hold a serving thread). A change of mode,
+//! owner or extended attributes is recorded the same way (`Fs::record_change`).
 //!
 //! Order is kept by two rules:
 //! - jobs run one at a time, in the order they were queued;

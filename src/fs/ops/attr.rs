@@ -185,7 +185,7 @@ impl Fs {
                 (draft.prev_content_hash, draft.content_hash) = versions;
                 crate::fs::stale::with_aliases(&mut draft, &rels[1..]);
             }
-            self.record(&ident, caller, mt, &rel, draft)?;
+            self.record_change(&node, &ident, caller, mt, &rel, draft)?;
         }
         Ok(after)
     }

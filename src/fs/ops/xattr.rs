@@ -69,7 +69,7 @@ impl Fs {
             detail: Some(serde_json::json!({ "op": op, "name": name.to_string_lossy() })),
             ..Default::default()
         };
-        self.record(&ident, caller, MutationType::Xattr, &rel, draft)?;
+        self.record_change(&node, &ident, caller, MutationType::Xattr, &rel, draft)?;
         Ok(())
     }
 }
