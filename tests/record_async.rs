@@ -331,6 +331,50 @@ fn mode_changes_are_recorded_after_their_reply_in_order_under_their_intent() {
     }
 }
 
+/// `renameat2(x, d, RENAME_EXCHANGE)` of a file with a directory moves the directory
+/// (attack pass): the entries still owed below it (a mode change, a close), which name the
+/// files by their paths before the exchange, are written first, while a close of a large
+/// file keeps the recorder busy. Before, only a directory as the source waited, and the
+/// `CHMOD d/f` landed after the exchange had made `d` a file.
+#[test]
+fn an_exchange_of_a_file_with_a_directory_comes_after_the_entries_owed_below_it() {
+    for data in ["daemon", "passthrough"] {
+        let tm = mount(data);
+        python(
+            &tm,
+            "import os, ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n\
+             os.mkdir('d')\nopen('d/f', 'w').write('hi\\n')\nopen('x', 'w').write('file\\n')\n\
+             fd = os.open('big.bin', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)\n\
+             os.pwrite(fd, b'x', 64 << 20)\nos.close(fd)\n\
+             os.chmod('d/f', 0o600)\nopen('d/g', 'w').write('g\\n')\n\
+             r = libc.syscall(316, -100, b'x', -100, b'd', 2)\n\
+             assert r == 0, os.strerror(ctypes.get_errno())\n",
+        );
+        assert!(tm.w("x").is_dir(), "{data}: the exchange did not happen");
+        let ledger = tm.mutations();
+        let at = |mt: &str, path: &str| {
+            ledger
+                .iter()
+                .position(|e| e["mutation_type"] == mt && e["path"] == path)
+                .unwrap_or_else(|| panic!("{data}: no {mt} of {path}: {ledger:#?}"))
+        };
+        let exchange = ledger
+            .iter()
+            .position(|e| e["mutation_type"] == "RENAME" && e["detail"]["exchange"] == true)
+            .unwrap_or_else(|| panic!("{data}: no exchange"));
+        assert!(
+            at("CHMOD", "d/f") < exchange,
+            "{data}: CHMOD d/f after the exchange"
+        );
+        assert!(
+            at("WRITE", "d/g") < exchange,
+            "{data}: WRITE d/g after the exchange"
+        );
+        let (passed, v) = verify(&tm.ws);
+        assert!(passed, "{data}: verify: {v}");
+    }
+}
+
 /// A close made under one intent is recorded under it, even when the agent switches
 /// intent right after (the switch waits for the queue).
 #[test]

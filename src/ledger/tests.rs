@@ -968,6 +968,65 @@ fn full_disk_fails_closed_and_resumes_when_space_returns() {
     assert!(verify_chain(&lp).unwrap().intact());
 }
 
+/// The ledger keeps space allocated past its end (attack pass: with `--record async` a
+/// change answered before the disk filled must not lose its entry). A disk filled by
+/// someone else leaves the next entries room: they land, whole; the ledger then reports
+/// itself unavailable (mutations are refused) although no write failed, until the disk
+/// has room again.
+#[test]
+fn a_filled_disk_leaves_the_next_entries_room_and_refuses_what_follows() {
+    let uid = std::process::Command::new("id").arg("-u").output().unwrap();
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("small");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let st = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(st.success(), "cannot mount a tmpfs as root");
+    let _guard = TmpfsGuard(mnt.clone());
+    let lp = mnt.join("ledger.jsonl");
+    let (l, _) = open(&lp);
+    l.record(draft(MutationType::Mount, "")).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    // Another process fills the disk.
+    let filler = mnt.join("filler");
+    let mut f = std::fs::File::create(&filler).unwrap();
+    let chunk = vec![b'x'; 4096];
+    while f.write_all(&chunk).is_ok() {}
+    drop(f);
+    // 40 entries of about 300 bytes: in the reserve (64 KiB on 4 MiB), every one written.
+    for i in 0..40 {
+        l.record(draft(MutationType::Chmod, &format!("while-full-{i}")))
+            .unwrap_or_else(|e| panic!("entry {i} on a full disk: {e}"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while l.health().is_ok() {
+        assert!(Instant::now() < deadline, "the ledger never said its disk is full");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let Err(LedgerError::Unavailable(why)) = l.health() else {
+        unreachable!()
+    };
+    assert!(why.contains("cannot reserve"), "{why}");
+    // Space returns: the ledger is available again by itself.
+    std::fs::remove_file(&filler).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while l.health().is_err() {
+        assert!(Instant::now() < deadline, "health never recovered");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    l.shutdown();
+    let entries = read_entries(&lp).unwrap();
+    assert_eq!(entries.len(), 41, "every entry landed");
+    assert!(verify_chain(&lp).unwrap().intact());
+}
+
 const STORM_ENV: &str = "INTENTFS_LEDGER_STORM_PATH";
 
 /// The child half of the kill -9 test: records forever from 4 threads, printing

@@ -214,6 +214,9 @@ struct Shared {
     wake: Condvar,
     /// Some(reason) while the writer cannot write.
     health: Mutex<Option<String>>,
+    /// Some(reason) while no [`RESERVE`] can be kept past the ledger's end (its disk is
+    /// nearly full): mutations are refused, though entries still land.
+    short: Mutex<Option<String>>,
     /// (intent, path) pairs that already had a classified mutation.
     classes: Mutex<Classes>,
 }
@@ -373,6 +376,7 @@ impl Ledger {
             state: Mutex::new(state),
             wake: Condvar::new(),
             health: Mutex::new(None),
+            short: Mutex::new(None),
             classes: Mutex::new(classes),
         });
         let thread = {
@@ -467,7 +471,11 @@ impl Ledger {
     /// Err while the writer cannot write (callers fail mutations closed); Ok again
     /// once a retry succeeds.
     pub fn health(&self) -> Result<(), LedgerError> {
-        match &*self.inner.shared.health.lock() {
+        let sh = &*self.inner.shared;
+        if let Some(reason) = &*sh.health.lock() {
+            return Err(LedgerError::Unavailable(reason.clone()));
+        }
+        match &*sh.short.lock() {
             Some(reason) => Err(LedgerError::Unavailable(reason.clone())),
             None => Ok(()),
         }
@@ -683,6 +691,67 @@ impl WriterState {
 /// Shortest time between two `fdatasync`s: a stream of mutations shares one flush.
 const SYNC_EVERY: Duration = Duration::from_millis(5);
 
+/// Space kept allocated past the ledger's end (`fallocate(FALLOC_FL_KEEP_SIZE)`: the
+/// file's size does not change, its next lines go into blocks it already has), topped up
+/// at every `fdatasync` (at most every [`SYNC_EVERY`] while entries come; a range already
+/// allocated costs nothing), at most 1/64 of the filesystem. When it cannot be (the disk
+/// is nearly full), the
+/// ledger reports itself unavailable, so mutations are refused (fail closed) while the
+/// entries of changes already answered still land in the reserve: the closes and mode
+/// changes `--record async` queues (at most 256), and with `--record sync` the entry of the
+/// change that was being made when the disk filled. Where the filesystem cannot
+/// preallocate, the ledger goes without (and refuses mutations only once a write fails).
+const RESERVE: u64 = 512 << 10;
+
+/// The ledger's reserve as the sync thread keeps it.
+struct Reserve {
+    /// Its size: [`RESERVE`], or 1/64 of a smaller filesystem (0 until first looked at).
+    size: u64,
+    /// The filesystem can preallocate.
+    supported: bool,
+}
+
+impl Reserve {
+    /// Keep the reserve past `len` (the ledger's length), or say why it cannot be kept.
+    fn top_up(&mut self, sh: &Shared, file: &File, len: u64, path: &Path) {
+        if !self.supported {
+            return;
+        }
+        use rustix::fs::{fallocate, FallocateFlags};
+        if self.size == 0 {
+            self.size = match rustix::fs::fstatvfs(file) {
+                Ok(v) => RESERVE
+                    .min(v.f_blocks.saturating_mul(v.f_frsize) / 64)
+                    .max(4096),
+                Err(_) => RESERVE,
+            };
+        }
+        match fallocate(file, FallocateFlags::KEEP_SIZE, len, self.size) {
+            Ok(()) => {
+                if let Some(reason) = sh.short.lock().take() {
+                    tracing::info!(ledger = %path.display(), "ledger space reserved again after: {reason}");
+                }
+            }
+            Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => {
+                self.supported = false;
+                tracing::info!(ledger = %path.display(), "the ledger's filesystem cannot preallocate: no space is reserved for entries");
+            }
+            Err(e) => {
+                let reason = format!(
+                    "cannot reserve {} KiB for the ledger at {}: {e} (mutations are refused until the disk has room; free space there)",
+                    self.size >> 10,
+                    path.display()
+                );
+                let mut short = sh.short.lock();
+                if short.is_none() {
+                    tracing::error!("{reason}");
+                }
+                *short = Some(reason);
+            }
+        }
+    }
+}
+
 /// The background half: retries pending lines after a failure, makes written lines
 /// durable (`fdatasync` outside the lock, so appends go on meanwhile) and keeps the head
 /// checkpoint; at shutdown, drains and syncs, then closes.
@@ -697,10 +766,24 @@ fn sync_loop(
     let mut head_file: Option<File> = None;
     let mut last_sync: Option<Instant> = None;
     let mut shutdown_deadline: Option<Instant> = None;
+    let mut reserve = Reserve {
+        size: 0,
+        supported: true,
+    };
+    let len = sh.state.lock().good_len;
+    reserve.top_up(&sh, &sync_file, len, &path);
     loop {
         let mut st = sh.state.lock();
         while !st.unsynced && st.pending.is_empty() && !st.shutdown {
-            sh.wake.wait(&mut st);
+            if sh.short.lock().is_none() {
+                sh.wake.wait(&mut st);
+            } else if sh.wake.wait_for(&mut st, RETRY_EVERY).timed_out() {
+                // Short of space: look again for room now and then.
+                let len = st.good_len;
+                drop(st);
+                reserve.top_up(&sh, &sync_file, len, &path);
+                st = sh.state.lock();
+            }
         }
         if st.shutdown && shutdown_deadline.is_none() {
             shutdown_deadline = Some(Instant::now() + SHUTDOWN_RETRY_FOR);
@@ -758,7 +841,9 @@ fn sync_loop(
             st.unsynced = false;
             let durable = (st.entries - st.pending_lines(), st.last_hash.clone());
             let pending_empty = st.pending.is_empty();
+            let len = st.good_len;
             drop(st);
+            reserve.top_up(&sh, &sync_file, len, &path);
             last_sync = Some(Instant::now());
             if let Some(b) = &before {
                 (b.0)();

@@ -216,10 +216,15 @@ impl Fs {
         // step for any other stale-checked change of either file (an open for write, an
         // unlink, a write): an open for write either came first (and the check below sees
         // what it did) or sees the names after the rename.
-        if r.src_dir && self.records_owed() {
-            // `--record async`: a file below the directory may owe the entry of its close,
-            // which names it by its path now: those entries come first. (A close that lands
-            // while the rename runs is ordered as with `--record sync`: by the stale locks.)
+        let dst_dir = r
+            .dst
+            .is_some_and(|d| d.st_mode & libc::S_IFMT == libc::S_IFDIR);
+        if (r.src_dir || dst_dir) && self.records_owed() {
+            // `--record async`: a file below the directory (either one: `RENAME_EXCHANGE`
+            // of a file with a directory moves the directory) may owe the entry of its
+            // close or mode change, which names it by its path now: those entries come
+            // first. (A close that lands while the rename runs is ordered as with `--record
+            // sync`: by the stale locks.)
             self.settle_records();
         }
         let (_stale, now) = self.lock_names(&[(r.pfd.as_fd(), name), (r.npfd.as_fd(), newname)]);
