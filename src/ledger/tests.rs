@@ -898,23 +898,32 @@ impl Drop for TmpfsGuard {
     }
 }
 
-#[test]
-fn full_disk_fails_closed_and_resumes_when_space_returns() {
+/// A tmpfs of `size` mounted in a temporary directory (unmounted when the guard drops), or
+/// None when not root (said on stderr: the test skips).
+fn small_tmpfs(size: &str) -> Option<(tempfile::TempDir, PathBuf, TmpfsGuard)> {
     let uid = std::process::Command::new("id").arg("-u").output().unwrap();
     if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
         eprintln!("skipped: mounting a tmpfs needs root");
-        return;
+        return None;
     }
     let dir = tempfile::tempdir().unwrap();
     let mnt = dir.path().join("small");
     std::fs::create_dir_all(&mnt).unwrap();
     let st = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
         .arg(&mnt)
         .status()
         .unwrap();
     assert!(st.success(), "cannot mount a tmpfs as root");
-    let _guard = TmpfsGuard(mnt.clone());
+    let guard = TmpfsGuard(mnt.clone());
+    Some((dir, mnt, guard))
+}
+
+#[test]
+fn full_disk_fails_closed_and_resumes_when_space_returns() {
+    let Some((_dir, mnt, _guard)) = small_tmpfs("64k") else {
+        return;
+    };
     let lp = mnt.join("ledger.jsonl");
     let (l, _) = open(&lp);
     l.record(draft(MutationType::Mount, "")).unwrap();
@@ -975,21 +984,9 @@ fn full_disk_fails_closed_and_resumes_when_space_returns() {
 /// has room again.
 #[test]
 fn a_filled_disk_leaves_the_next_entries_room_and_refuses_what_follows() {
-    let uid = std::process::Command::new("id").arg("-u").output().unwrap();
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-        eprintln!("skipped: mounting a tmpfs needs root");
+    let Some((_dir, mnt, _guard)) = small_tmpfs("4m") else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let mnt = dir.path().join("small");
-    std::fs::create_dir_all(&mnt).unwrap();
-    let st = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
-        .arg(&mnt)
-        .status()
-        .unwrap();
-    assert!(st.success(), "cannot mount a tmpfs as root");
-    let _guard = TmpfsGuard(mnt.clone());
+    };
     let lp = mnt.join("ledger.jsonl");
     let (l, _) = open(&lp);
     l.record(draft(MutationType::Mount, "")).unwrap();
@@ -1007,7 +1004,10 @@ fn a_filled_disk_leaves_the_next_entries_room_and_refuses_what_follows() {
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     while l.health().is_ok() {
-        assert!(Instant::now() < deadline, "the ledger never said its disk is full");
+        assert!(
+            Instant::now() < deadline,
+            "the ledger never said its disk is full"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     let Err(LedgerError::Unavailable(why)) = l.health() else {
