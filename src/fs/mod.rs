@@ -58,7 +58,7 @@ pub use handle::FileHandle;
 fn deferrable(mt: MutationType) -> bool {
     matches!(
         mt,
-        MutationType::Chmod | MutationType::Chown | MutationType::Xattr | MutationType::Utimes
+        MutationType::Chmod | MutationType::Chown | MutationType::Xattr
     )
 }
 
@@ -605,18 +605,27 @@ impl Fs {
         let (ident, caller, rel) = (ident.clone(), *caller, rel.to_path_buf());
         let key = (node.dev, node.ino);
         self.table.owe(key);
-        rec.queue(Box::new(move || {
+        fs.record_later(rec, Some(key), move |fs| {
             fs.note_versions(&rel, &mut draft);
             if let Err(e) = fs.gate.record_as(&ident, &caller, mt, &rel, draft, intent) {
                 fs.on_ledger_failure(&e);
-                if let Some(r) = fs.recorder.get() {
-                    r.stats.failures.fetch_add(1, Ordering::Relaxed);
-                }
-                tracing::error!(error = ?e, path = %rel.display(), ?mt, "--record async: an entry could not be written");
+                fs.rec_failed(mt.as_str(), &rel, &e);
             }
-            fs.table.settle(key);
-        }));
+        });
         Ok(())
+    }
+
+    /// An entry the recorder could not write (`what`: which, of `path`): said in the
+    /// daemon log and counted in `.intentfs/status` (`counters.record.failures`).
+    pub(crate) fn rec_failed(&self, what: &str, path: &Path, e: &FsError) {
+        if let Some(r) = self.recorder.get() {
+            r.stats.failures.fetch_add(1, Ordering::Relaxed);
+        }
+        tracing::error!(
+            error = ?e,
+            path = %path.display(),
+            "--record async: the entry of {what} could not be written"
+        );
     }
 
     /// `--record async`, an entry [`deferrable`], off the recorder's own thread, with a

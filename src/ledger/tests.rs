@@ -919,6 +919,16 @@ fn small_tmpfs(size: &str) -> Option<(tempfile::TempDir, PathBuf, TmpfsGuard)> {
     Some((dir, mnt, guard))
 }
 
+/// Fills the filesystem at `dir` with a file of its own (its path returned).
+fn fill(dir: &Path) -> PathBuf {
+    let filler = dir.join("filler");
+    let mut f = std::fs::File::create(&filler).unwrap();
+    let chunk = vec![b'x'; 4096];
+    while f.write_all(&chunk).is_ok() {}
+    let _ = f.sync_all();
+    filler
+}
+
 #[test]
 fn full_disk_fails_closed_and_resumes_when_space_returns() {
     let Some((_dir, mnt, _guard)) = small_tmpfs("64k") else {
@@ -928,12 +938,7 @@ fn full_disk_fails_closed_and_resumes_when_space_returns() {
     let (l, _) = open(&lp);
     l.record(draft(MutationType::Mount, "")).unwrap();
     // Fill the disk.
-    let filler = mnt.join("filler");
-    let mut f = std::fs::File::create(&filler).unwrap();
-    let chunk = vec![b'x'; 4096];
-    while f.write_all(&chunk).is_ok() {}
-    let _ = f.sync_all();
-    drop(f);
+    let filler = fill(&mnt);
     // Entries still fit in the ledger's last page for a while; then writes fail.
     let mut recorded = 1;
     let mut failed = 0;
@@ -992,11 +997,7 @@ fn a_filled_disk_leaves_the_next_entries_room_and_refuses_what_follows() {
     l.record(draft(MutationType::Mount, "")).unwrap();
     std::thread::sleep(Duration::from_millis(50));
     // Another process fills the disk.
-    let filler = mnt.join("filler");
-    let mut f = std::fs::File::create(&filler).unwrap();
-    let chunk = vec![b'x'; 4096];
-    while f.write_all(&chunk).is_ok() {}
-    drop(f);
+    let filler = fill(&mnt);
     // 40 entries of about 300 bytes: in the reserve (64 KiB on 4 MiB), every one written.
     for i in 0..40 {
         l.record(draft(MutationType::Chmod, &format!("while-full-{i}")))

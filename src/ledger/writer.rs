@@ -472,13 +472,8 @@ impl Ledger {
     /// once a retry succeeds.
     pub fn health(&self) -> Result<(), LedgerError> {
         let sh = &*self.inner.shared;
-        if let Some(reason) = &*sh.health.lock() {
-            return Err(LedgerError::Unavailable(reason.clone()));
-        }
-        match &*sh.short.lock() {
-            Some(reason) => Err(LedgerError::Unavailable(reason.clone())),
-            None => Ok(()),
-        }
+        let reason = sh.health.lock().clone().or_else(|| sh.short.lock().clone());
+        reason.map_or(Ok(()), |r| Err(LedgerError::Unavailable(r)))
     }
 
     /// The class the next classified mutation by `intent` of `path` would get
@@ -695,12 +690,12 @@ const SYNC_EVERY: Duration = Duration::from_millis(5);
 /// file's size does not change, its next lines go into blocks it already has), topped up
 /// at every `fdatasync` (at most every [`SYNC_EVERY`] while entries come; a range already
 /// allocated costs nothing), at most 1/64 of the filesystem. When it cannot be (the disk
-/// is nearly full), the
-/// ledger reports itself unavailable, so mutations are refused (fail closed) while the
-/// entries of changes already answered still land in the reserve: the closes and mode
-/// changes `--record async` queues (at most 256), and with `--record sync` the entry of the
-/// change that was being made when the disk filled. Where the filesystem cannot
-/// preallocate, the ledger goes without (and refuses mutations only once a write fails).
+/// is nearly full), the ledger reports itself unavailable, so mutations are refused (fail
+/// closed) while the entries of changes already answered still land in the reserve: the
+/// closes and mode changes `--record async` queues (at most 256), and with `--record sync`
+/// the entry of the change that was being made when the disk filled. Where the filesystem
+/// cannot preallocate, the ledger goes without (and refuses mutations only once a write
+/// fails).
 const RESERVE: u64 = 512 << 10;
 
 /// The ledger's reserve as the sync thread keeps it.

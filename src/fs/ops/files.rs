@@ -520,7 +520,7 @@ impl Fs {
                 });
                 self.record_later(rec, Some(key), move |fs| {
                     if let Err(e) = fs.record_write_noting(&h) {
-                        rec_failed(fs, &h, &e);
+                        fs.rec_failed("a close", &fs.display_rel(&h.node), &e);
                     }
                 });
                 return Ok(());
@@ -602,7 +602,7 @@ impl Fs {
 
     /// Queue `work` on the recorder; the entry owed for `key` (marked by the caller) is
     /// settled once it has run.
-    fn record_later(
+    pub(crate) fn record_later(
         self: &Arc<Self>,
         rec: &crate::fs::recorder::Recorder,
         key: Option<(u64, u64)>,
@@ -728,19 +728,4 @@ impl Fs {
         let h = self.file_handle(fh)?;
         Ok(sys::lseek(&h.file, offset, whence)?)
     }
-}
-
-/// A close's entry the recorder could not write: said in the daemon log and counted in
-/// `.intentfs/status` (`counters.record.failures`).
-fn rec_failed(fs: &Fs, h: &FileHandle, e: &FsError) {
-    if let Some(r) = fs.recorder.get() {
-        r.stats
-            .failures
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-    tracing::error!(
-        error = ?e,
-        path = %fs.display_rel(&h.node).display(),
-        "--record async: the entry of a close could not be written"
-    );
 }
