@@ -1247,6 +1247,113 @@ fn failed_write_does_not_make_own_handle_stale() {
     assert_eq!(errno(&e2), libc::ENOSPC, "second write: {e2}");
 }
 
+/// `--record async` writes a mode change's entry after its reply. Here the disk fills
+/// behind the ledger's back (from outside: no entry is written, so the reserve is not
+/// probed) while the recorder is busy hashing a large close, and the agent then changes
+/// the modes of a hundred files with 3.5 KB names as fast as it can: their entries would
+/// outgrow the ledger's reserve on this 8 MiB disk (128 KiB). Every change answered must
+/// still be on record: once the entries queued and those written since the reserve was
+/// last kept would take half of it, a change is recorded before its reply, and the changes
+/// after the disk is found full are refused.
+#[test]
+fn async_mode_changes_answered_on_a_disk_filled_behind_the_ledgers_back_are_all_on_record() {
+    let guard = TmpfsGuard::default();
+    let g = guard.clone();
+    let mut tm = TestMount::builder()
+        .intent("ALL")
+        .agent("bob")
+        .arg("--record")
+        .arg("async")
+        .setup(move |ws| {
+            g.mount(ws, "8m");
+            put(&ws.join(POLICY_REL), ALLOW_ALL);
+            drop(g);
+        })
+        .mount();
+    let dir: Vec<String> = (b'a'..b'a' + 14)
+        .map(|c| String::from_utf8(vec![c; 250]).unwrap())
+        .collect();
+    let dir = dir.join("/");
+    std::fs::create_dir_all(tm.m(&dir)).unwrap();
+    // The recorder hashes 800 MiB (a sparse file) after this close is answered.
+    let big = std::fs::File::create(tm.m("big")).unwrap();
+    let files: Vec<String> = (0..150)
+        .map(|i| format!("{dir}/f{i}"))
+        .filter(|f| {
+            std::fs::write(tm.m(f), "x\n").unwrap();
+            // (Not a file whose changes wait for that hash: one sharing its stale lock.)
+            stale_stripe(&tm.w(f)) != stale_stripe(&tm.w("big"))
+        })
+        .take(100)
+        .collect();
+    std::os::unix::fs::FileExt::write_at(&big, b"x", 800 << 20).unwrap();
+    drop(big);
+    // (Once the ledger has synced the entries before: nothing is written meanwhile.)
+    std::thread::sleep(Duration::from_millis(100));
+    let mut filler = std::fs::File::create(tm.w("filler")).unwrap();
+    while filler.write(&[0u8; 65536]).is_ok() {}
+    drop(filler);
+    let mut answered = Vec::new();
+    let mut refused = None;
+    for f in &files {
+        match std::fs::set_permissions(tm.m(f), std::fs::Permissions::from_mode(0o600)) {
+            Ok(()) => answered.push(f.as_str()),
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    // (`status` answers once the entries queued are written.)
+    let rec = tm.status()["counters"]["record"].clone();
+    eprintln!(
+        "{} mode changes answered, then {refused:?}; record: {rec:#}",
+        answered.len()
+    );
+    assert!(
+        rec["not_deferred"].as_u64().unwrap() > 0,
+        "every mode change was queued: {rec:#}"
+    );
+    std::fs::remove_file(tm.w("filler")).unwrap();
+    tm.stop();
+    let log = std::fs::read_to_string(tm.stderr_path()).unwrap();
+    assert!(
+        !log.contains("the entry of CHMOD could not be written"),
+        "a mode change answered lost its entry:\n{log}"
+    );
+    // (In any order across files: a change recorded before its reply comes before the
+    // entries still queued.)
+    let mut on_record: Vec<String> = tm
+        .ledger()
+        .into_iter()
+        .filter(|e| e["mutation_type"] == "CHMOD" && e["detail"]["mode_after"] == "600")
+        .map(|e| e["path"].as_str().unwrap().to_owned())
+        .collect();
+    on_record.sort();
+    let n = answered.len();
+    answered.sort();
+    assert_eq!(
+        on_record, answered,
+        "the mode changes answered and their entries differ"
+    );
+    // The files have the modes answered.
+    for (i, f) in files.iter().enumerate() {
+        let mode = std::fs::metadata(tm.w(f)).unwrap().permissions().mode() & 0o777;
+        let want = if i < n { 0o600 } else { 0o644 };
+        assert_eq!(mode, want, "f{i}");
+    }
+}
+
+/// Which of the daemon's 64 stale locks guards the file at `backing` (as
+/// `InodeTable::stripes` picks it): the changes of files sharing one wait for each other.
+fn stale_stripe(backing: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(backing).unwrap();
+    let h =
+        m.dev().wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ m.ino().wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    (h >> 32) % 64
+}
+
 // ----- 8. non-UTF-8 names ---------------------------------------------------------------
 
 #[test]

@@ -41,6 +41,7 @@ use inode::{InodeTable, Node};
 
 use crate::control::CtlFile;
 use crate::guard::{Denial, Guard, Identities, Identity, Operation};
+use crate::ledger::entry::encoded_len;
 use crate::ledger::{Draft, Ledger, MutationType};
 pub use gate::Gate;
 pub use handle::FileHandle;
@@ -60,6 +61,37 @@ fn deferrable(mt: MutationType) -> bool {
         mt,
         MutationType::Chmod | MutationType::Chown | MutationType::Xattr
     )
+}
+
+/// What an entry takes besides its paths and its agent's name, at most (ids, times,
+/// hashes, the intent, the process, the versions; about 400 bytes in all with a short
+/// path), and besides the detail of a mode change.
+const ENTRY_BYTES: u64 = 1024;
+
+/// A release that `--record async` runs after its reply ([`Fs::release_owed`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Owed {
+    /// The file that owes its entry until then.
+    pub key: (u64, u64),
+    /// What that entry may take ([`Fs::entry_bytes`]).
+    pub bytes: u64,
+}
+
+/// Room on the recorder for the entry of a change about to be made ([`Fs::defer_slot`]),
+/// given back if the change records nothing.
+pub(crate) struct Slot {
+    bytes: u64,
+    fs: Arc<Fs>,
+    /// The file changed, which owes the entry once queued.
+    key: (u64, u64),
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(r) = self.fs.recorder.get().filter(|_| self.bytes > 0) {
+            r.give_back(self.bytes);
+        }
+    }
 }
 
 /// Who sent a request.
@@ -579,23 +611,59 @@ impl Fs {
             .inspect_err(|e| self.on_ledger_failure(e))
     }
 
-    /// [`Fs::record`] of a change made to `node`. `--record async`: an entry
-    /// [`deferrable`] is written by the recorder, after the reply, in the order the changes
-    /// were answered; the file owes it until then, so its next change waits for it (as
-    /// after a close, see [`recorder`]). Who made the change and under which intent are
-    /// taken now. The ledger was found writable when the change was authorized and is
-    /// looked at again here: one that cannot be written takes the entry now, and the
-    /// change fails closed as with `--record sync`.
+    /// `--record async`: room on the recorder for the entry of a change of `rel` about to
+    /// be made by `ident`, when the entry is [`deferrable`] and the queue has room for it
+    /// (see [`recorder`]: what the ledger's reserve can take). Taken before the change is
+    /// made; `extra`: what the entry's detail takes beyond [`ENTRY_BYTES`].
+    pub(crate) fn defer_slot(
+        &self,
+        mt: MutationType,
+        node: &inode::Node,
+        ident: &Identity,
+        rel: &Path,
+        extra: u64,
+    ) -> Option<Slot> {
+        let (rec, fs) = self.deferring(mt)?;
+        let bytes = Fs::entry_bytes([&rel.to_path_buf()], &ident.name)
+            + extra
+            + ident
+                .intent()
+                .map_or(0, |i| encoded_len(Path::new(&i)) as u64);
+        // (`then`, not `then_some`: a Slot built and dropped gives its bytes back.)
+        rec.take(bytes, self.deferrable_bytes()).then(|| Slot {
+            bytes,
+            fs,
+            key: (node.dev, node.ino),
+        })
+    }
+
+    /// What the entries queued on the recorder may take together now: see
+    /// [`Ledger::deferrable_bytes`].
+    pub(crate) fn deferrable_bytes(&self) -> u64 {
+        self.gate
+            .ledger
+            .as_ref()
+            .map_or(u64::MAX, Ledger::deferrable_bytes)
+    }
+
+    /// [`Fs::record`] of a change made to a file. `--record async`, with a `slot` taken
+    /// before the change was made ([`Fs::defer_slot`]): the entry is written by the
+    /// recorder, after the reply, in the order the changes were answered; the file owes it
+    /// until then, so its next change waits for it (as after a close, see [`recorder`]).
+    /// Who made the change and under which intent are taken now. Without a slot (the
+    /// ledger could not be written when the change was authorized, or its reserve has no
+    /// room for more queued entries), the entry is written now, as with `--record sync`.
     pub(crate) fn record_change(
         &self,
-        node: &inode::Node,
         ident: &Arc<Identity>,
         caller: &Caller,
         mt: MutationType,
         rel: &Path,
         mut draft: Draft,
+        slot: Option<Slot>,
     ) -> Result<()> {
-        let Some((rec, fs)) = self.deferring(mt) else {
+        let (Some(mut slot), Some(rec)) = (slot.filter(|_| deferrable(mt)), self.recorder.get())
+        else {
             return self.record(ident, caller, mt, rel, draft);
         };
         if draft.agent.is_none() {
@@ -603,9 +671,10 @@ impl Fs {
         }
         let intent = ident.intent();
         let (ident, caller, rel) = (ident.clone(), *caller, rel.to_path_buf());
-        let key = (node.dev, node.ino);
+        let key = slot.key;
         self.table.owe(key);
-        fs.record_later(rec, Some(key), move |fs| {
+        let bytes = std::mem::take(&mut slot.bytes);
+        slot.fs.record_later(rec, Some(key), bytes, move |fs| {
             fs.note_versions(&rel, &mut draft);
             if let Err(e) = fs.gate.record_as(&ident, &caller, mt, &rel, draft, intent) {
                 fs.on_ledger_failure(&e);
@@ -613,6 +682,16 @@ impl Fs {
             }
         });
         Ok(())
+    }
+
+    /// What the entry of a change of `paths` by `agent` takes in the ledger at most (with
+    /// a detail of at most [`ENTRY_BYTES`]; a `WRITE`'s line ranges are not counted).
+    pub(crate) fn entry_bytes<'a>(
+        paths: impl IntoIterator<Item = &'a PathBuf>,
+        agent: &str,
+    ) -> u64 {
+        let names: usize = paths.into_iter().map(|p| encoded_len(p)).sum();
+        ENTRY_BYTES + (names + encoded_len(Path::new(agent))) as u64
     }
 
     /// An entry the recorder could not write (`what`: which, of `path`): said in the

@@ -11,6 +11,13 @@
 //!   extended attributes changed, until that entry is on record. So whatever the agent does
 //!   next to the file is judged against, and comes after, the entry of its close.
 //!
+//! The entries queued are bounded in bytes too ([`Recorder::take`]), by what the ledger's
+//! reserve has room for ([`crate::ledger::Ledger::deferrable_bytes`]): a change whose entry
+//! would not fit is recorded before its reply, as with `--record sync`. So when the
+//! ledger's disk fills behind its back while entries are queued, every one of them still
+//! fits in the space kept for it (see `RESERVE` in the ledger's writer), and the changes
+//! answered are all on record.
+//!
 //! What `--record sync` (the default) guarantees and this mode does not: a returned
 //! `close()` is on record. Here a daemon killed with jobs queued (at most [`QUEUE`]) loses
 //! their entries; the files' changes are on disk, and `intentfs ledger verify` reports
@@ -64,6 +71,11 @@ pub struct Stats {
     pub failures: AtomicU64,
     /// Jobs done since the mount.
     pub done: AtomicU64,
+    /// What the entries of the jobs queued will take at most, in bytes (their estimates).
+    pub bytes: AtomicU64,
+    /// Changes recorded before their reply because their entry did not fit in what the
+    /// queue may take ([`Recorder::take`]).
+    pub not_deferred: AtomicU64,
 }
 
 pub struct Recorder {
@@ -72,7 +84,8 @@ pub struct Recorder {
 }
 
 enum Msg {
-    Job(Job),
+    /// A job and the bytes its entries take at most.
+    Job(Job, u64),
     /// [`Recorder::drain`]: answered once every job before it is done.
     Mark(SyncSender<()>),
 }
@@ -88,16 +101,46 @@ impl Recorder {
         Ok(Recorder { tx, stats })
     }
 
-    /// Queue `job`, or run it here when the thread is gone (as the recorder would: its
-    /// own entry owed is not waited for).
-    pub fn queue(&self, job: Job) {
-        self.stats.queued.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = self.tx.send(Msg::Job(job)) {
-            if let Msg::Job(job) = e.0 {
+    /// Count `bytes` more for a job about to be queued, when the jobs queued would then
+    /// take at most `limit` bytes together; false (counted in
+    /// [`Stats::not_deferred`]) when not: the caller records before its reply instead.
+    pub fn take(&self, bytes: u64, limit: u64) -> bool {
+        let st = &self.stats;
+        let taken = st
+            .bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
+                (owed.saturating_add(bytes) <= limit).then(|| owed + bytes)
+            })
+            .is_ok();
+        if !taken {
+            st.not_deferred.fetch_add(1, Ordering::Relaxed);
+        }
+        taken
+    }
+
+    /// Count `bytes` more for a job about to be queued, whatever the limit (a release,
+    /// which seldom writes an entry and has no reply to record before).
+    pub fn add(&self, bytes: u64) {
+        self.stats.bytes.fetch_add(bytes, Ordering::AcqRel);
+    }
+
+    /// Give back `bytes` taken for a job that is not queued after all.
+    pub fn give_back(&self, bytes: u64) {
+        self.stats.bytes.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Queue `job`, whose entries take at most `bytes` (counted by [`Recorder::take`] or
+    /// [`Recorder::add`], given back once it has run), or run it here when the thread is
+    /// gone (as the recorder would: its own entry owed is not waited for).
+    pub fn queue(&self, job: Job, bytes: u64) {
+        self.stats.queued.fetch_add(1, Ordering::AcqRel);
+        if let Err(e) = self.tx.send(Msg::Job(job, bytes)) {
+            if let Msg::Job(job, _) = e.0 {
                 let was = RECORDER.with(|r| r.replace(true));
                 job();
                 RECORDER.with(|r| r.set(was));
             }
+            self.give_back(bytes);
             self.stats.queued.fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -118,9 +161,10 @@ fn run(rx: &Receiver<Msg>, stats: &Stats) {
     RECORDER.with(|r| r.set(true));
     while let Ok(msg) = rx.recv() {
         match msg {
-            Msg::Job(job) => {
+            Msg::Job(job, bytes) => {
                 job();
                 stats.done.fetch_add(1, Ordering::Relaxed);
+                stats.bytes.fetch_sub(bytes, Ordering::AcqRel);
                 stats.queued.fetch_sub(1, Ordering::Release);
             }
             Msg::Mark(tx) => {
@@ -141,7 +185,7 @@ mod tests {
         let seen = Arc::new(Mutex::new(Vec::new()));
         for i in 0..1000 {
             let s = seen.clone();
-            r.queue(Box::new(move || s.lock().unwrap().push(i)));
+            r.queue(Box::new(move || s.lock().unwrap().push(i)), 0);
         }
         r.drain();
         assert_eq!(*seen.lock().unwrap(), (0..1000).collect::<Vec<_>>());
@@ -151,13 +195,42 @@ mod tests {
         let (tx, rx) = sync_channel(1);
         let r = Arc::new(r);
         let r2 = r.clone();
-        r.queue(Box::new(move || {
-            assert!(is_recorder());
-            r2.drain();
-            tx.send(()).unwrap();
-        }));
+        r.queue(
+            Box::new(move || {
+                assert!(is_recorder());
+                r2.drain();
+                tx.send(()).unwrap();
+            }),
+            0,
+        );
         rx.recv_timeout(std::time::Duration::from_secs(10))
             .expect("a drain from the recorder itself deadlocked");
         assert!(!is_recorder());
+    }
+
+    /// What the jobs queued take is counted until they have run, and a job that would
+    /// take it past the limit is not taken.
+    #[test]
+    fn the_bytes_queued_stay_within_the_limit() {
+        let r = Recorder::start().unwrap();
+        let (go_tx, go_rx) = sync_channel::<()>(0);
+        // The recorder is held by its first job until the test lets it go.
+        assert!(r.take(400, 1000));
+        r.queue(Box::new(move || go_rx.recv().unwrap()), 400);
+        assert!(r.take(400, 1000));
+        r.queue(Box::new(|| {}), 400);
+        assert!(!r.take(400, 1000), "1200 bytes taken with a limit of 1000");
+        assert_eq!(r.stats.not_deferred.load(Ordering::Relaxed), 1);
+        assert_eq!(r.stats.bytes.load(Ordering::Acquire), 800);
+        // Taken, then given back: not queued after all.
+        assert!(r.take(200, 1000));
+        r.give_back(200);
+        r.add(5000);
+        r.queue(Box::new(|| {}), 5000);
+        go_tx.send(()).unwrap();
+        r.drain();
+        assert_eq!(r.stats.bytes.load(Ordering::Acquire), 0);
+        assert!(r.take(1000, 1000));
+        r.give_back(1000);
     }
 }

@@ -401,6 +401,29 @@ pub fn encode_path(p: &Path) -> (String, Option<String>) {
     }
 }
 
+/// At least the bytes `p` takes in an entry, as [`encode_path`] writes it (JSON string
+/// escapes included): what an entry still to be written will take is judged by it
+/// (`--record async` bounds its queue by the ledger's reserve).
+pub fn encoded_len(p: &Path) -> usize {
+    let bytes = p.as_os_str().as_bytes();
+    let escaped: usize = bytes
+        .iter()
+        .map(|&b| match b {
+            b'"' | b'\\' => 2,
+            0..0x20 | 0x7f => 6,
+            // Kept as it is in UTF-8, or one U+FFFD (3 bytes) per invalid byte at most.
+            0x80.. => 3,
+            _ => 1,
+        })
+        .sum();
+    let b64 = if p.to_str().is_some() {
+        0
+    } else {
+        bytes.len().div_ceil(3) * 4 + 16
+    };
+    escaped + b64
+}
+
 /// The inverse of [`encode_path`]; a malformed base64 falls back to the lossy string.
 pub fn decode_path(s: Option<&str>, b64: Option<&str>) -> Option<PathBuf> {
     if let Some(bytes) = b64.and_then(b64_decode) {
@@ -422,6 +445,40 @@ pub fn b64_decode(s: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `encoded_len` is never less than what a path takes in an entry: its JSON string
+    /// (escapes, U+FFFD for bytes that are not UTF-8) and its base64 field.
+    #[test]
+    fn encoded_len_bounds_the_bytes_a_path_takes() {
+        let cases: [&[u8]; 7] = [
+            b"src/main.rs",
+            b"a \"quoted\" \\ name",
+            b"tab\there\nnewline\x01\x7f",
+            "caf\u{e9}/\u{65e5}\u{672c}.txt".as_bytes(),
+            b"bad\xff\xfe\x80utf8",
+            b"\xc3",
+            b"",
+        ];
+        for c in cases {
+            let p = Path::new(OsStr::from_bytes(c));
+            let (s, b64) = encode_path(p);
+            let mut taken = serde_json::to_string(&s).unwrap().len() - 2;
+            if let Some(b) = b64 {
+                taken += serde_json::to_string(&b).unwrap().len() + r#","path_b64":"#.len();
+            }
+            assert!(
+                encoded_len(p) >= taken,
+                "{c:?}: bound {} < {taken}",
+                encoded_len(p)
+            );
+            // Not far above it either, for names of printable ASCII.
+            if c.iter()
+                .all(|b| (0x20..0x7f).contains(b) && *b != b'"' && *b != b'\\')
+            {
+                assert_eq!(encoded_len(p), taken, "{c:?}");
+            }
+        }
+    }
 
     #[test]
     fn base64_matches_rfc4648_vectors() {

@@ -24,6 +24,7 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -217,6 +218,15 @@ struct Shared {
     /// Some(reason) while no [`RESERVE`] can be kept past the ledger's end (its disk is
     /// nearly full): mutations are refused, though entries still land.
     short: Mutex<Option<String>>,
+    /// The size of that reserve: [`RESERVE`], or 1/64 of a smaller filesystem.
+    reserve: u64,
+    /// Bytes of entries appended since the ledger was opened, counted from its length
+    /// then (written or still pending).
+    appended: Arc<AtomicU64>,
+    /// The ledger's length when the reserve was last kept past it (or when it was opened).
+    topped: AtomicU64,
+    /// The filesystem cannot preallocate: there is no reserve.
+    unreserved: AtomicBool,
     /// (intent, path) pairs that already had a classified mutation.
     classes: Mutex<Classes>,
 }
@@ -319,6 +329,7 @@ impl Ledger {
             unsynced: false,
             shutdown: false,
             closed: false,
+            appended: Arc::new(AtomicU64::new(scan.good_len)),
         };
         if scan.file_len > scan.good_len {
             let removed = scan.file_len - scan.good_len;
@@ -372,11 +383,22 @@ impl Ledger {
             report.repaired_torn_tail = Some(desc);
         }
         let sync_file = state.f().and_then(|f| f.try_clone()).map_err(io_err)?;
+        let reserve = match rustix::fs::fstatvfs(&sync_file) {
+            Ok(v) => RESERVE
+                .min(v.f_blocks.saturating_mul(v.f_frsize) / 64)
+                .max(4096),
+            Err(_) => RESERVE,
+        };
+        let appended = state.appended.clone();
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             wake: Condvar::new(),
             health: Mutex::new(None),
             short: Mutex::new(None),
+            reserve,
+            topped: AtomicU64::new(appended.load(Ordering::Relaxed)),
+            appended,
+            unreserved: AtomicBool::new(false),
             classes: Mutex::new(classes),
         });
         let thread = {
@@ -466,6 +488,29 @@ impl Ledger {
                 Err(LedgerError::Unavailable(reason))
             }
         }
+    }
+
+    /// The bytes kept allocated past the ledger's end for entries still to come (see
+    /// [`RESERVE`]; nothing is kept where the filesystem cannot preallocate).
+    pub fn reserve(&self) -> u64 {
+        self.inner.shared.reserve
+    }
+
+    /// What entries queued to be written later (`--record async`) may take together now,
+    /// in bytes: half the reserve, less what was appended since the reserve was last kept
+    /// (so a disk filled behind the ledger's back still has room for all of them). The
+    /// other half is for the entries written before their reply while the ledger finds
+    /// the disk full. Where there is no reserve, half of [`RESERVE`].
+    pub fn deferrable_bytes(&self) -> u64 {
+        let sh = &*self.inner.shared;
+        if sh.unreserved.load(Ordering::Relaxed) {
+            return RESERVE / 2;
+        }
+        let beyond = sh
+            .appended
+            .load(Ordering::Acquire)
+            .saturating_sub(sh.topped.load(Ordering::Acquire));
+        (sh.reserve / 2).saturating_sub(beyond)
     }
 
     /// Err while the writer cannot write (callers fail mutations closed); Ok again
@@ -583,6 +628,8 @@ struct WriterState {
     shutdown: bool,
     /// Shut down: later appends fail.
     closed: bool,
+    /// [`Shared::appended`].
+    appended: Arc<AtomicU64>,
 }
 
 impl WriterState {
@@ -641,6 +688,8 @@ impl WriterState {
             return;
         }
         self.pending.push(b'\n');
+        self.appended
+            .fetch_add((self.pending.len() - start) as u64, Ordering::Relaxed);
         self.last_hash = hex::encode(Sha256::digest(&self.pending[start..]));
         self.entries += 1;
     }
@@ -700,8 +749,6 @@ const RESERVE: u64 = 512 << 10;
 
 /// The ledger's reserve as the sync thread keeps it.
 struct Reserve {
-    /// Its size: [`RESERVE`], or 1/64 of a smaller filesystem (0 until first looked at).
-    size: u64,
     /// The filesystem can preallocate.
     supported: bool,
 }
@@ -713,28 +760,22 @@ impl Reserve {
             return;
         }
         use rustix::fs::{fallocate, FallocateFlags};
-        if self.size == 0 {
-            self.size = match rustix::fs::fstatvfs(file) {
-                Ok(v) => RESERVE
-                    .min(v.f_blocks.saturating_mul(v.f_frsize) / 64)
-                    .max(4096),
-                Err(_) => RESERVE,
-            };
-        }
-        match fallocate(file, FallocateFlags::KEEP_SIZE, len, self.size) {
+        match fallocate(file, FallocateFlags::KEEP_SIZE, len, sh.reserve) {
             Ok(()) => {
+                sh.topped.fetch_max(len, Ordering::AcqRel);
                 if let Some(reason) = sh.short.lock().take() {
                     tracing::info!(ledger = %path.display(), "ledger space reserved again after: {reason}");
                 }
             }
             Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => {
                 self.supported = false;
+                sh.unreserved.store(true, Ordering::Relaxed);
                 tracing::info!(ledger = %path.display(), "the ledger's filesystem cannot preallocate: no space is reserved for entries");
             }
             Err(e) => {
                 let reason = format!(
                     "cannot reserve {} KiB for the ledger at {}: {e} (mutations are refused until the disk has room; free space there)",
-                    self.size >> 10,
+                    sh.reserve >> 10,
                     path.display()
                 );
                 let mut short = sh.short.lock();
@@ -761,10 +802,7 @@ fn sync_loop(
     let mut head_file: Option<File> = None;
     let mut last_sync: Option<Instant> = None;
     let mut shutdown_deadline: Option<Instant> = None;
-    let mut reserve = Reserve {
-        size: 0,
-        supported: true,
-    };
+    let mut reserve = Reserve { supported: true };
     let len = sh.state.lock().good_len;
     reserve.top_up(&sh, &sync_file, len, &path);
     loop {

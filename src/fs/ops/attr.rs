@@ -136,6 +136,11 @@ impl Fs {
                 )?,
             }
         }
+        // (`--record async`: room for the entry of a mode or owner change, taken before the
+        // change is made; one that finds none is recorded before its reply.)
+        let slot = (a.size.is_none() && (a.mode.is_some() || a.uid.is_some() || a.gid.is_some()))
+            .then(|| self.defer_slot(MutationType::Chmod, &node, &ident, &rel, 0))
+            .flatten();
         let before = sys::stat_fd(fd.as_fd())?;
         let mut through_handle = None;
         if let Some(mode) = a.mode {
@@ -185,7 +190,7 @@ impl Fs {
                 (draft.prev_content_hash, draft.content_hash) = versions;
                 crate::fs::stale::with_aliases(&mut draft, &rels[1..]);
             }
-            self.record_change(&node, &ident, caller, mt, &rel, draft)?;
+            self.record_change(&ident, caller, mt, &rel, draft, slot)?;
         }
         Ok(after)
     }

@@ -91,6 +91,8 @@ impl Fs {
                         "queued": st.queued.load(Ordering::Relaxed),
                         "done": st.done.load(Ordering::Relaxed),
                         "failures": st.failures.load(Ordering::Relaxed),
+                        "bytes": st.bytes.load(Ordering::Relaxed),
+                        "not_deferred": st.not_deferred.load(Ordering::Relaxed),
                     })
                 }),
                 "otlp": self.otlp.get().map(|s| s.to_json()),

@@ -508,22 +508,38 @@ impl Fs {
                 }
             }
             if let Some(rec) = self.recorder.get() {
-                // The entry is written after the reply, by the recorder; the file is marked
-                // as owing it first, so the agent's next change of it waits for it.
+                // The entry is written after the reply, by the recorder, when the queue has
+                // room for it; the file is marked as owing it first, so the agent's next
+                // change of it waits for it.
                 let key = (h.node.dev, h.node.ino);
-                self.table.owe_with(key, || {
+                let limit = self.deferrable_bytes();
+                let taken = self.table.owe_with(key, || {
                     let rels = self.node_rels(&h.node).ok();
                     let agent = self.gate.agent(&h.identity, &h.caller);
+                    let bytes = Fs::entry_bytes(rels.iter().flatten(), &agent.name);
+                    if !rec.take(bytes, limit) {
+                        return None;
+                    }
                     if let (Some(rels), Some(mut w)) = (rels, h.write_state()) {
                         w.at_close = Some((rels, agent));
                     }
+                    Some(bytes)
                 });
-                self.record_later(rec, Some(key), move |fs| {
-                    if let Err(e) = fs.record_write_noting(&h) {
-                        fs.rec_failed("a close", &fs.display_rel(&h.node), &e);
+                match taken {
+                    Some(bytes) => {
+                        self.record_later(rec, Some(key), bytes, move |fs| {
+                            if let Err(e) = fs.record_write_noting(&h) {
+                                fs.rec_failed("a close", &fs.display_rel(&h.node), &e);
+                            }
+                        });
+                        return Ok(());
                     }
-                });
-                return Ok(());
+                    // No room: recorded now, after the entries the file owes already.
+                    None => {
+                        self.table.settle(key);
+                        self.settled(&h.node);
+                    }
+                }
             }
             self.record_write_noting(&h)?;
         }
@@ -570,27 +586,32 @@ impl Fs {
     /// its last close, a mapping's writes) and ends its lease, so its file is marked as
     /// owing an entry ([`inode::InodeTable::owe`]) as soon as the release arrives: the file's
     /// next stale-checked change (the same agent opening it again, another identity's
-    /// write open) waits until the release has run. Returns the file to settle after it.
-    pub fn release_owed(&self, fh: u64) -> Option<(u64, u64)> {
+    /// write open) waits until the release has run. Returns the file to settle after it
+    /// and what its entry may take.
+    pub fn release_owed(&self, fh: u64) -> Option<Owed> {
         self.recorder.get()?;
         let h = match self.handles.lock().get(&fh) {
             Some(Handle::File(h)) => h.clone(),
             _ => return None,
         };
         // (A handle that may change its file: write access, `O_TRUNC`, a create.)
-        drop(h.write_state()?);
+        let rel = h.write_state()?.last_rel.clone();
         let key = (h.node.dev, h.node.ino);
         self.table.owe(key);
-        Some(key)
+        Some(Owed {
+            key,
+            bytes: Fs::entry_bytes([&rel], &h.identity.name),
+        })
     }
 
     /// [`Fs::release`], after the entries the recorder owes (when it is on): nobody waits
     /// for a release's reply, and its work comes after the close's entry anyway.
-    /// (`key`: from [`Fs::release_owed`]; a handle without one, opened to read only, is
+    /// (`owed`: from [`Fs::release_owed`]; a handle without one, opened to read only, is
     /// released at once: it records nothing.)
-    pub fn release_queued(self: &Arc<Self>, fh: u64, key: Option<(u64, u64)>) -> Result<()> {
-        if let Some(rec) = self.recorder.get().filter(|_| key.is_some()) {
-            self.record_later(rec, key, move |fs| {
+    pub fn release_queued(self: &Arc<Self>, fh: u64, owed: Option<Owed>) -> Result<()> {
+        if let (Some(rec), Some(owed)) = (self.recorder.get(), owed) {
+            rec.add(owed.bytes);
+            self.record_later(rec, Some(owed.key), owed.bytes, move |fs| {
                 if let Err(e) = fs.release(fh) {
                     tracing::warn!(error = ?e, fh, "--record async: releasing a handle after its reply failed");
                 }
@@ -601,20 +622,25 @@ impl Fs {
     }
 
     /// Queue `work` on the recorder; the entry owed for `key` (marked by the caller) is
-    /// settled once it has run.
+    /// settled once it has run. `bytes`: what its entries take at most
+    /// ([`Fs::entry_bytes`]), counted on the recorder by the caller.
     pub(crate) fn record_later(
         self: &Arc<Self>,
         rec: &crate::fs::recorder::Recorder,
         key: Option<(u64, u64)>,
+        bytes: u64,
         work: impl FnOnce(&Arc<Fs>) + Send + 'static,
     ) {
         let fs = self.clone();
-        rec.queue(Box::new(move || {
-            work(&fs);
-            if let Some(k) = key {
-                fs.table.settle(k);
-            }
-        }));
+        rec.queue(
+            Box::new(move || {
+                work(&fs);
+                if let Some(k) = key {
+                    fs.table.settle(k);
+                }
+            }),
+            bytes,
+        );
     }
 
     pub fn release(self: &Arc<Self>, fh: u64) -> Result<()> {

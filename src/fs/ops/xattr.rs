@@ -64,12 +64,15 @@ impl Fs {
         self.settled(&node);
         let (ident, rel) = self.authorize_node(caller, op, &node)?;
         let fd = self.fd(&node)?;
+        // (`--record async`: room for the entry, taken before the change is made.)
+        let extra = crate::ledger::entry::encoded_len(Path::new(name)) as u64;
+        let slot = self.defer_slot(MutationType::Xattr, &node, &ident, &rel, extra);
         act(fd.as_fd())?;
         let draft = Draft {
             detail: Some(serde_json::json!({ "op": op, "name": name.to_string_lossy() })),
             ..Default::default()
         };
-        self.record_change(&node, &ident, caller, MutationType::Xattr, &rel, draft)?;
+        self.record_change(&ident, caller, MutationType::Xattr, &rel, draft, slot)?;
         Ok(())
     }
 }
