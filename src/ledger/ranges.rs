@@ -13,6 +13,40 @@ use sha2::{Digest, Sha256};
 /// Largest file (each side) for which line ranges are computed.
 pub const MAX_DIFF_BYTES: usize = 1024 * 1024;
 
+/// Most line ranges an entry carries: more are merged into fewer, wider ones (the
+/// narrowest unchanged stretches between them counted as changed), so what an entry takes
+/// is bounded (`--record async` queues entries against the ledger's reserve by their size).
+pub const MAX_RANGES: usize = 32;
+
+/// What [`MAX_RANGES`] ranges take in an entry at most (`{"start_line":N,"end_line":N},`
+/// with ten-digit numbers).
+pub const RANGES_BYTES: u64 = MAX_RANGES as u64 * 48 + 16;
+
+/// `ranges` (sorted, disjoint), merged into at most `max` that cover every line they did:
+/// the widest gaps between them are kept, the others filled in.
+pub fn coarsen(ranges: &[(u32, u32)], max: usize) -> Vec<(u32, u32)> {
+    if ranges.len() <= max || max == 0 {
+        return ranges.to_vec();
+    }
+    // Gap i lies between range i and range i + 1; keep the `max - 1` widest.
+    let mut gaps: Vec<(u32, usize)> = ranges
+        .windows(2)
+        .enumerate()
+        .map(|(i, w)| (w[1].0.saturating_sub(w[0].1), i))
+        .collect();
+    gaps.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut keep: Vec<usize> = gaps[..max - 1].iter().map(|g| g.1).collect();
+    keep.sort_unstable();
+    let mut out = Vec::with_capacity(max);
+    let mut start = ranges[0].0;
+    for &i in &keep {
+        out.push((start, ranges[i].1));
+        start = ranges[i + 1].0;
+    }
+    out.push((start, ranges[ranges.len() - 1].1));
+    out
+}
+
 /// A diff that takes longer than this falls back to a coarser (still correct:
 /// it may only over-report changed lines) answer.
 const DIFF_DEADLINE: Duration = Duration::from_millis(200);
@@ -241,6 +275,36 @@ mod tests {
             Some(untrimmed(b"a\n", b"a\na\n"))
         );
         assert_eq!(changed_ranges(b"a\nb", b"a\nc"), Some(vec![(2, 2)]));
+    }
+
+    #[test]
+    fn coarsened_ranges_are_few_and_cover_every_line() {
+        // Every other line of 3000 changed: 1500 ranges.
+        let many: Vec<(u32, u32)> = (0..1500).map(|i| (2 * i + 1, 2 * i + 1)).collect();
+        let c = coarsen(&many, MAX_RANGES);
+        assert_eq!(c.len(), MAX_RANGES);
+        for &(a, b) in &many {
+            assert!(
+                c.iter().any(|&(s, e)| s <= a && b <= e),
+                "{a}-{b} not covered"
+            );
+        }
+        assert!(c.windows(2).all(|w| w[0].1 < w[1].0), "{c:?}");
+        // The widest gaps are the ones kept.
+        let mut few = vec![(1, 1), (3, 3), (100, 100), (102, 102)];
+        assert_eq!(coarsen(&few, 2), [(1, 3), (100, 102)]);
+        few.truncate(2);
+        assert_eq!(coarsen(&few, 2), few);
+        // What 32 of the widest take in an entry is within RANGES_BYTES.
+        let wide: Vec<(u32, u32)> = (0..MAX_RANGES as u32)
+            .map(|i| (u32::MAX - 100 + i, u32::MAX - 100 + i))
+            .collect();
+        let json: Vec<_> = wide
+            .iter()
+            .map(|&(s, e)| serde_json::json!({"start_line": s, "end_line": e}))
+            .collect();
+        let taken = serde_json::to_string(&json).unwrap().len() + r#","ranges":"#.len();
+        assert!(taken as u64 <= RANGES_BYTES, "{taken}");
     }
 
     #[test]

@@ -461,6 +461,16 @@ impl Ledger {
         match res {
             Ok(()) => {
                 st.unsynced = true;
+                // A quarter of the reserve taken since it was last kept: kept again now,
+                // not at the next sync, so the entries written before their reply never
+                // take more than that of what the entries queued were counted on
+                // (`deferrable_bytes`) before the ledger finds its disk full.
+                if sh.beyond_reserve() >= sh.reserve / 4 {
+                    let len = st.good_len;
+                    if let Ok(f) = st.f() {
+                        sh.top_up(f, len, &self.inner.path);
+                    }
+                }
                 drop(st);
                 sh.wake.notify_one();
                 if sh.health.lock().is_some() {
@@ -506,11 +516,7 @@ impl Ledger {
         if sh.unreserved.load(Ordering::Relaxed) {
             return RESERVE / 2;
         }
-        let beyond = sh
-            .appended
-            .load(Ordering::Acquire)
-            .saturating_sub(sh.topped.load(Ordering::Acquire));
-        (sh.reserve / 2).saturating_sub(beyond)
+        (sh.reserve / 2).saturating_sub(sh.beyond_reserve())
     }
 
     /// Err while the writer cannot write (callers fail mutations closed); Ok again
@@ -665,7 +671,8 @@ impl WriterState {
             size: d.size,
             created: d.created,
             ranges: d.ranges.as_ref().map(|r| {
-                r.iter()
+                super::ranges::coarsen(r, super::ranges::MAX_RANGES)
+                    .iter()
                     .map(|&(start_line, end_line)| LineRange {
                         start_line,
                         end_line,
@@ -738,7 +745,8 @@ const SYNC_EVERY: Duration = Duration::from_millis(5);
 /// Space kept allocated past the ledger's end (`fallocate(FALLOC_FL_KEEP_SIZE)`: the
 /// file's size does not change, its next lines go into blocks it already has), topped up
 /// at every `fdatasync` (at most every [`SYNC_EVERY`] while entries come; a range already
-/// allocated costs nothing), at most 1/64 of the filesystem. When it cannot be (the disk
+/// allocated costs nothing) and by the append that finds a quarter of it taken, at most
+/// 1/64 of the filesystem. When it cannot be (the disk
 /// is nearly full), the ledger reports itself unavailable, so mutations are refused (fail
 /// closed) while the entries of changes already answered still land in the reserve: the
 /// closes and mode changes `--record async` queues (at most 256), and with `--record sync`
@@ -747,44 +755,44 @@ const SYNC_EVERY: Duration = Duration::from_millis(5);
 /// fails).
 const RESERVE: u64 = 512 << 10;
 
-/// The ledger's reserve as the sync thread keeps it.
-struct Reserve {
-    /// The filesystem can preallocate.
-    supported: bool,
-}
-
-impl Reserve {
+impl Shared {
     /// Keep the reserve past `len` (the ledger's length), or say why it cannot be kept.
-    fn top_up(&mut self, sh: &Shared, file: &File, len: u64, path: &Path) {
-        if !self.supported {
+    fn top_up(&self, file: &File, len: u64, path: &Path) {
+        if self.unreserved.load(Ordering::Relaxed) {
             return;
         }
         use rustix::fs::{fallocate, FallocateFlags};
-        match fallocate(file, FallocateFlags::KEEP_SIZE, len, sh.reserve) {
+        match fallocate(file, FallocateFlags::KEEP_SIZE, len, self.reserve) {
             Ok(()) => {
-                sh.topped.fetch_max(len, Ordering::AcqRel);
-                if let Some(reason) = sh.short.lock().take() {
+                self.topped.fetch_max(len, Ordering::AcqRel);
+                if let Some(reason) = self.short.lock().take() {
                     tracing::info!(ledger = %path.display(), "ledger space reserved again after: {reason}");
                 }
             }
             Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => {
-                self.supported = false;
-                sh.unreserved.store(true, Ordering::Relaxed);
+                self.unreserved.store(true, Ordering::Relaxed);
                 tracing::info!(ledger = %path.display(), "the ledger's filesystem cannot preallocate: no space is reserved for entries");
             }
             Err(e) => {
                 let reason = format!(
                     "cannot reserve {} KiB for the ledger at {}: {e} (mutations are refused until the disk has room; free space there)",
-                    sh.reserve >> 10,
+                    self.reserve >> 10,
                     path.display()
                 );
-                let mut short = sh.short.lock();
+                let mut short = self.short.lock();
                 if short.is_none() {
                     tracing::error!("{reason}");
                 }
                 *short = Some(reason);
             }
         }
+    }
+
+    /// Bytes appended past the length the reserve was last kept past.
+    fn beyond_reserve(&self) -> u64 {
+        self.appended
+            .load(Ordering::Acquire)
+            .saturating_sub(self.topped.load(Ordering::Acquire))
     }
 }
 
@@ -802,9 +810,8 @@ fn sync_loop(
     let mut head_file: Option<File> = None;
     let mut last_sync: Option<Instant> = None;
     let mut shutdown_deadline: Option<Instant> = None;
-    let mut reserve = Reserve { supported: true };
     let len = sh.state.lock().good_len;
-    reserve.top_up(&sh, &sync_file, len, &path);
+    sh.top_up(&sync_file, len, &path);
     loop {
         let mut st = sh.state.lock();
         while !st.unsynced && st.pending.is_empty() && !st.shutdown {
@@ -814,7 +821,7 @@ fn sync_loop(
                 // Short of space: look again for room now and then.
                 let len = st.good_len;
                 drop(st);
-                reserve.top_up(&sh, &sync_file, len, &path);
+                sh.top_up(&sync_file, len, &path);
                 st = sh.state.lock();
             }
         }
@@ -876,7 +883,7 @@ fn sync_loop(
             let pending_empty = st.pending.is_empty();
             let len = st.good_len;
             drop(st);
-            reserve.top_up(&sh, &sync_file, len, &path);
+            sh.top_up(&sync_file, len, &path);
             last_sync = Some(Instant::now());
             if let Some(b) = &before {
                 (b.0)();

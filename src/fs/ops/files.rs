@@ -516,7 +516,7 @@ impl Fs {
                 let taken = self.table.owe_with(key, || {
                     let rels = self.node_rels(&h.node).ok();
                     let agent = self.gate.agent(&h.identity, &h.caller);
-                    let bytes = Fs::entry_bytes(rels.iter().flatten(), &agent.name);
+                    let bytes = self.close_bytes(&h, rels.as_deref());
                     if !rec.take(bytes, limit) {
                         return None;
                     }
@@ -595,13 +595,34 @@ impl Fs {
             _ => return None,
         };
         // (A handle that may change its file: write access, `O_TRUNC`, a create.)
-        let rel = h.write_state()?.last_rel.clone();
+        drop(h.write_state()?);
         let key = (h.node.dev, h.node.ino);
         self.table.owe(key);
         Some(Owed {
             key,
-            bytes: Fs::entry_bytes([&rel], &h.identity.name),
+            bytes: self.close_bytes(&h, None),
         })
+    }
+
+    /// What the `WRITE` entry of a handle's close or release takes at most: its names
+    /// (`rels`, or the name it was last known by), its agent, its intent and at most
+    /// [`crate::ledger::ranges::MAX_RANGES`] line ranges.
+    fn close_bytes(&self, h: &FileHandle, rels: Option<&[PathBuf]>) -> u64 {
+        let last;
+        let names = match rels {
+            Some(r) if !r.is_empty() => r,
+            _ => {
+                last = h
+                    .write_state()
+                    .map(|w| w.last_rel.clone())
+                    .unwrap_or_default();
+                std::slice::from_ref(&last)
+            }
+        };
+        let intent = h.identity.intent().map_or(0, |i| {
+            crate::ledger::entry::encoded_len(Path::new(&i)) as u64
+        });
+        Fs::entry_bytes(names, &h.identity.name) + intent + crate::ledger::ranges::RANGES_BYTES
     }
 
     /// [`Fs::release`], after the entries the recorder owes (when it is on): nobody waits
