@@ -36,18 +36,34 @@ fn race_stamp(st: &sys::Stat) -> Stamp {
     }
 }
 
+/// What the names of `detail.aliases` may take in an entry, at most: an entry's size stays
+/// bounded (the ledger's reserve is counted in entries, see `ledger::writer`).
+const ALIASES_BYTES: usize = 8 << 10;
+
 /// A content entry of a file with several names (hard links) lists the others in
 /// `detail.aliases`: they hold the same content (`ledger verify` and `log --path` follow
-/// them). Names inside git's internals and names that are not UTF-8 are left out.
+/// them). Names inside git's internals and names that are not UTF-8 are left out, and so
+/// are the names past [`ALIASES_BYTES`] (counted in `detail.aliases_left_out`).
 pub(crate) fn with_aliases(draft: &mut Draft, aliases: &[PathBuf]) {
+    let mut taken = 0;
+    let mut left_out = 0;
     let names: Vec<&str> = aliases
         .iter()
         .filter(|a| !untracked(a))
+        .filter(|a| {
+            taken += crate::ledger::entry::encoded_len(a) + 3;
+            let fits = taken <= ALIASES_BYTES;
+            left_out += usize::from(!fits);
+            fits
+        })
         .filter_map(|a| a.to_str())
         .collect();
-    if !names.is_empty() {
+    if !names.is_empty() || left_out > 0 {
         let d = draft.detail.get_or_insert_with(|| serde_json::json!({}));
         d["aliases"] = serde_json::json!(names);
+        if left_out > 0 {
+            d["aliases_left_out"] = serde_json::json!(left_out);
+        }
     }
 }
 
@@ -1429,5 +1445,27 @@ mod tests {
         }
         // A process that is gone maps nothing.
         assert!(!maps_shared(u32::MAX >> 10, ino, &[dev]));
+    }
+
+    /// A file with many long names lists only what fits in `ALIASES_BYTES` of them, and
+    /// says how many it left out: an entry's size stays bounded.
+    #[test]
+    fn aliases_are_bounded_in_bytes() {
+        let long = |i: usize| PathBuf::from(format!("{}-{i}", "\u{1}".repeat(600)));
+        let names: Vec<PathBuf> = (0..16).map(long).collect();
+        let mut d = Draft::default();
+        with_aliases(&mut d, &names);
+        let detail = d.detail.unwrap();
+        let taken = serde_json::to_string(&detail["aliases"]).unwrap().len();
+        assert!(taken <= ALIASES_BYTES, "{taken}");
+        let listed = detail["aliases"].as_array().unwrap().len();
+        assert!(listed >= 1, "{detail}");
+        assert_eq!(detail["aliases_left_out"], 16 - listed);
+        // A few short names are all listed, and nothing is said left out.
+        let mut d = Draft::default();
+        with_aliases(&mut d, &[PathBuf::from("a"), PathBuf::from("b/c")]);
+        let detail = d.detail.unwrap();
+        assert_eq!(detail["aliases"], serde_json::json!(["a", "b/c"]));
+        assert!(detail.get("aliases_left_out").is_none());
     }
 }
