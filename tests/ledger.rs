@@ -998,12 +998,22 @@ impl Drop for TmpfsGuard {
 
 /// A workspace on a 2 MiB tmpfs (ledger included), mounted through intentfs.
 fn full_disk_mount(guard: &TmpfsGuard) -> TestMount {
+    small_disk_mount(guard, "2m", &[])
+}
+
+/// A workspace on a tmpfs of `size` (ledger included), mounted through intentfs with
+/// `args` more.
+fn small_disk_mount(guard: &TmpfsGuard, size: &str, args: &[&str]) -> TestMount {
     let g = guard.clone();
-    TestMount::builder()
-        .intent("ALL")
+    let size = size.to_owned();
+    let mut b = TestMount::builder();
+    for a in args {
+        b = b.arg(a);
+    }
+    b.intent("ALL")
         .agent("bob")
         .setup(move |ws| {
-            g.mount(ws, "2m");
+            g.mount(ws, &size);
             put(&ws.join(POLICY_REL), ALLOW_ALL);
             drop(g);
         })
@@ -1258,18 +1268,7 @@ fn failed_write_does_not_make_own_handle_stale() {
 #[test]
 fn async_mode_changes_answered_on_a_disk_filled_behind_the_ledgers_back_are_all_on_record() {
     let guard = TmpfsGuard::default();
-    let g = guard.clone();
-    let mut tm = TestMount::builder()
-        .intent("ALL")
-        .agent("bob")
-        .arg("--record")
-        .arg("async")
-        .setup(move |ws| {
-            g.mount(ws, "8m");
-            put(&ws.join(POLICY_REL), ALLOW_ALL);
-            drop(g);
-        })
-        .mount();
+    let mut tm = small_disk_mount(&guard, "8m", &["--record", "async"]);
     let dir: Vec<String> = (b'a'..b'a' + 14)
         .map(|c| String::from_utf8(vec![c; 250]).unwrap())
         .collect();
