@@ -139,7 +139,9 @@ pub struct MountArgs {
     /// for the hash, the kept version and the entry; mode, owner and xattr changes are
     /// recorded after their reply too; a later change of the same file waits for its
     /// entry; a daemon killed with entries queued, at most 256, loses them, and `intentfs
-    /// ledger verify` reports the closes among them as drift). See docs/ledger.md.
+    /// ledger verify` reports the closes among them as drift; the entries queued never take
+    /// more than the ledger's reserve on disk can hold: past that, a change is recorded
+    /// before its reply). See docs/ledger.md.
     /// INTENTFS_RECORD sets it too.
     #[arg(
         long,
