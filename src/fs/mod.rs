@@ -624,11 +624,7 @@ impl Fs {
         extra: u64,
     ) -> Option<Slot> {
         let (rec, fs) = self.deferring(mt)?;
-        let bytes = Fs::entry_bytes([&rel.to_path_buf()], &ident.name)
-            + extra
-            + ident
-                .intent()
-                .map_or(0, |i| encoded_len(Path::new(&i)) as u64);
+        let bytes = Fs::entry_bytes([rel], ident) + extra;
         // (`then`, not `then_some`: a Slot built and dropped gives its bytes back.)
         rec.take(bytes, self.deferrable_bytes()).then(|| Slot {
             bytes,
@@ -684,14 +680,16 @@ impl Fs {
         Ok(())
     }
 
-    /// What the entry of a change of `paths` by `agent` takes in the ledger at most (with
-    /// a detail of at most [`ENTRY_BYTES`]; a `WRITE`'s line ranges are not counted).
+    /// What the entry of a change of `paths` by `ident` takes in the ledger at most: its
+    /// names, the agent's name and intent, and [`ENTRY_BYTES`] (a detail of at most that
+    /// size included; a `WRITE`'s line ranges are not counted).
     pub(crate) fn entry_bytes<'a>(
-        paths: impl IntoIterator<Item = &'a PathBuf>,
-        agent: &str,
+        paths: impl IntoIterator<Item = &'a Path>,
+        ident: &Identity,
     ) -> u64 {
-        let names: usize = paths.into_iter().map(|p| encoded_len(p)).sum();
-        ENTRY_BYTES + (names + encoded_len(Path::new(agent))) as u64
+        let names: usize = paths.into_iter().map(encoded_len).sum();
+        let intent = ident.intent().map_or(0, |i| encoded_len(Path::new(&i)));
+        ENTRY_BYTES + (names + encoded_len(Path::new(&ident.name)) + intent) as u64
     }
 
     /// An entry the recorder could not write (`what`: which, of `path`): said in the

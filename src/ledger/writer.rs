@@ -500,12 +500,6 @@ impl Ledger {
         }
     }
 
-    /// The bytes kept allocated past the ledger's end for entries still to come (see
-    /// [`RESERVE`]; nothing is kept where the filesystem cannot preallocate).
-    pub fn reserve(&self) -> u64 {
-        self.inner.shared.reserve
-    }
-
     /// What entries queued to be written later (`--record async`) may take together now,
     /// in bytes: half the reserve, less what was appended since the reserve was last kept
     /// (so a disk filled behind the ledger's back still has room for all of them). The

@@ -619,10 +619,8 @@ impl Fs {
                 std::slice::from_ref(&last)
             }
         };
-        let intent = h.identity.intent().map_or(0, |i| {
-            crate::ledger::entry::encoded_len(Path::new(&i)) as u64
-        });
-        Fs::entry_bytes(names, &h.identity.name) + intent + crate::ledger::ranges::RANGES_BYTES
+        Fs::entry_bytes(names.iter().map(PathBuf::as_path), &h.identity)
+            + crate::ledger::ranges::RANGES_BYTES
     }
 
     /// [`Fs::release`], after the entries the recorder owes (when it is on): nobody waits
