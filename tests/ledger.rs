@@ -1276,14 +1276,12 @@ fn async_mode_changes_answered_on_a_disk_filled_behind_the_ledgers_back_are_all_
     std::fs::create_dir_all(tm.m(&dir)).unwrap();
     // The recorder hashes 800 MiB (a sparse file) after this close is answered.
     let big = std::fs::File::create(tm.m("big")).unwrap();
-    let files: Vec<String> = (0..150)
-        .map(|i| format!("{dir}/f{i}"))
-        .filter(|f| {
-            std::fs::write(tm.m(f), "x\n").unwrap();
-            // (Not a file whose changes wait for that hash: one sharing its stale lock.)
-            stale_stripe(&tm.w(f)) != stale_stripe(&tm.w("big"))
+    let files: Vec<String> = (0..100)
+        .map(|i| {
+            let f = format!("{dir}/f{i}");
+            std::fs::write(tm.m(&f), "x\n").unwrap();
+            f
         })
-        .take(100)
         .collect();
     std::os::unix::fs::FileExt::write_at(&big, b"x", 800 << 20).unwrap();
     drop(big);
@@ -1343,9 +1341,80 @@ fn async_mode_changes_answered_on_a_disk_filled_behind_the_ledgers_back_are_all_
     }
 }
 
-/// Which of the daemon's 64 stale locks guards the file at `backing` (as
-/// `InodeTable::stripes` picks it): the changes of files sharing one wait for each other.
-fn stale_stripe(backing: &Path) -> u64 {
+/// A close whose file takes long to hash (4 GiB, sparse) holds that file's stale lock
+/// while it is hashed and recorded (before its reply, or after it with `--record async`),
+/// and no other file's: changes of other files are answered meanwhile, all of them files
+/// that shared its lock when the daemon had 64 lock stripes for all files (found open:
+/// their changes waited for the hash, 0.5 s for 800 MiB).
+#[test]
+fn a_close_being_hashed_holds_up_no_other_file() {
+    let mut tm = TestMount::builder().policy(ALLOW_ALL).intent("ALL").mount();
+    let big = std::fs::File::create(tm.m("big")).unwrap();
+    let mut files = Vec::new();
+    for i in 0..8000 {
+        let f = format!("f{i}");
+        std::fs::write(tm.m(&f), "x\n").unwrap();
+        // (The others stay: a freed inode number would come back to the next file.)
+        if old_stripe(&tm.w(&f)) == old_stripe(&tm.w("big")) {
+            files.push(f);
+            if files.len() == 16 {
+                break;
+            }
+        }
+    }
+    assert_eq!(
+        files.len(),
+        16,
+        "too few files on the big file's old stripe"
+    );
+    std::os::unix::fs::FileExt::write_at(&big, b"x", 4 << 30).unwrap();
+    let closer = std::thread::spawn(move || drop(big));
+    // (The close's request reaches the daemon well before its 4 GiB are hashed.)
+    std::thread::sleep(Duration::from_millis(200));
+    // Each file changed once (with `--record async` a second change of a file waits for
+    // the entry of its first, queued behind the big file's): half are written (a
+    // truncating open takes the stale lock), half have their mode changed (which takes it
+    // to mark the entry owed, with `--record async`).
+    let (written, chmodded) = files.split_at(8);
+    for f in written {
+        std::fs::write(tm.m(f), "y\n").unwrap();
+    }
+    for f in chmodded {
+        std::fs::set_permissions(tm.m(f), std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    // The close's entry, written once the file is hashed, is not on record yet.
+    let big_recorded = read_ledger(&tm.w(LEDGER_REL))
+        .iter()
+        .any(|e| e["mutation_type"] == "WRITE" && e["path"] == "big");
+    closer.join().unwrap();
+    assert!(
+        !big_recorded,
+        "the changes of 8 other files were answered only once the close of a 4 GiB file was \
+         on record (or its hash took under 200 ms)"
+    );
+    tm.stop();
+    let l = tm.ledger();
+    for f in written {
+        assert_eq!(std::fs::read_to_string(tm.w(f)).unwrap(), "y\n");
+        assert!(
+            entries_of(&l, "WRITE", f).len() >= 2,
+            "{f}: the second write is not on record"
+        );
+    }
+    for f in chmodded {
+        let mode = std::fs::metadata(tm.w(f)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{f}");
+        assert!(
+            !entries_of(&l, "CHMOD", f).is_empty(),
+            "{f}: no CHMOD on record"
+        );
+    }
+    assert!(!entries_of(&l, "WRITE", "big").is_empty());
+}
+
+/// Which of the 64 stale-lock stripes the daemon had before it had one lock per file
+/// would have guarded the file at `backing`.
+fn old_stripe(backing: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(backing).unwrap();
     let h =

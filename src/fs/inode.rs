@@ -34,8 +34,30 @@ const MAX_DEPARTED: usize = 4;
 
 /// `(parent, name, tick, when, identity key)`: see `Node::departed`.
 type Departed = (u64, OsString, u64, std::time::Instant, String);
-/// Lock stripes for [`InodeTable::stale_locks`].
-const STALE_STRIPES: usize = 64;
+/// The stale locks of the files someone holds or waits for, by key.
+type StaleLocks = Mutex<HashMap<(u64, u64), Arc<Mutex<()>>>>;
+
+/// One file's stale lock, held ([`InodeTable::stale_locks`]); unlocked when dropped, and
+/// forgotten once nobody holds or waits for it.
+pub struct StaleGuard<'a> {
+    locks: &'a StaleLocks,
+    key: (u64, u64),
+    guard: Option<parking_lot::ArcMutexGuard<parking_lot::RawMutex, ()>>,
+}
+
+impl Drop for StaleGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        // (Its `Arc`s are cloned under the map's lock only: the map's own is the last.)
+        let mut locks = self.locks.lock();
+        if locks
+            .get(&self.key)
+            .is_some_and(|l| Arc::strong_count(l) == 1)
+        {
+            locks.remove(&self.key);
+        }
+    }
+}
 
 /// One backing inode known to the kernel.
 pub struct Node {
@@ -146,8 +168,8 @@ pub struct InodeTable {
     /// Order in which handles were opened (oldest first), for eviction.
     lru: Mutex<VecDeque<Weak<Node>>>,
     root: Arc<Node>,
-    /// See [`InodeTable::stale_locks`].
-    stale_locks: Vec<Mutex<()>>,
+    /// See [`InodeTable::stale_locks`]: one lock per file held or waited for.
+    stale_locks: StaleLocks,
     /// Files whose close was answered before its entry was written (see
     /// [`super::recorder`]): a stale-checked change of one waits until its entry is on record.
     pending: Mutex<HashMap<(u64, u64), u32>>,
@@ -193,7 +215,7 @@ impl InodeTable {
             fd_cap: fd_cap.max(64),
             lru: Mutex::new(VecDeque::new()),
             root,
-            stale_locks: (0..STALE_STRIPES).map(|_| Mutex::new(())).collect(),
+            stale_locks: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             owed: AtomicUsize::new(0),
             recorded: parking_lot::Condvar::new(),
@@ -514,14 +536,15 @@ impl InodeTable {
     }
 
     /// Serialize the stale check of a file with the mutation it allows: hold the locks of
-    /// the given backing inodes `(dev, ino)` (striped; taken in a fixed order, so holding
+    /// the given backing inodes `(dev, ino)` (one per file, so a file held long, a large
+    /// close being hashed, holds up no other file; taken in a fixed order, so holding
     /// several never deadlocks).
-    pub fn stale_locks(&self, keys: &[(u64, u64)]) -> Vec<parking_lot::MutexGuard<'_, ()>> {
+    pub fn stale_locks(&self, keys: &[(u64, u64)]) -> Vec<StaleGuard<'_>> {
         loop {
-            let guards = self.stripes(keys);
+            let guards = self.lock_keys(keys);
             // A file whose entry is still being written by the recorder is not changed
             // before it is on record (the recorder itself records in order, and passes).
-            // (An entry owed for one of `keys` was counted under its stripe, held here.)
+            // (An entry owed for one of `keys` was counted under its lock, held here.)
             if super::recorder::is_recorder() || self.owed.load(Ordering::Acquire) == 0 {
                 return guards;
             }
@@ -534,20 +557,20 @@ impl InodeTable {
         }
     }
 
-    /// The stale locks' stripes for `keys`, locked in a fixed order.
-    fn stripes(&self, keys: &[(u64, u64)]) -> Vec<parking_lot::MutexGuard<'_, ()>> {
-        let mut idx: Vec<usize> = keys
-            .iter()
-            .map(|(d, i)| {
-                let h =
-                    d.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
-                (h >> 32) as usize % STALE_STRIPES
+    /// The stale locks of `keys`, locked in a fixed order.
+    fn lock_keys(&self, keys: &[(u64, u64)]) -> Vec<StaleGuard<'_>> {
+        let mut keys = keys.to_vec();
+        keys.sort_unstable();
+        keys.dedup();
+        keys.into_iter()
+            .map(|key| {
+                let lock = self.stale_locks.lock().entry(key).or_default().clone();
+                StaleGuard {
+                    locks: &self.stale_locks,
+                    key,
+                    guard: Some(lock.lock_arc()),
+                }
             })
-            .collect();
-        idx.sort_unstable();
-        idx.dedup();
-        idx.into_iter()
-            .map(|i| self.stale_locks[i].lock())
             .collect()
     }
 
@@ -562,7 +585,7 @@ impl InodeTable {
     /// [`InodeTable::owe`], running `f` under the file's stale lock first (what the entry
     /// will name, taken where no rename of the file can come between).
     pub fn owe_with<T>(&self, key: (u64, u64), f: impl FnOnce() -> T) -> T {
-        let _g = self.stripes(&[key]);
+        let _g = self.lock_keys(&[key]);
         let t = f();
         *self.pending.lock().entry(key).or_default() += 1;
         self.owed.fetch_add(1, Ordering::Release);

@@ -14,7 +14,10 @@ impl Fs {
     pub(super) fn lock_names(
         &self,
         names: &[(std::os::fd::BorrowedFd<'_>, &OsStr)],
-    ) -> (Vec<parking_lot::MutexGuard<'_, ()>>, Vec<Option<sys::Stat>>) {
+    ) -> (
+        Vec<crate::fs::inode::StaleGuard<'_>>,
+        Vec<Option<sys::Stat>>,
+    ) {
         let look = || -> Vec<Option<sys::Stat>> {
             names
                 .iter()
