@@ -204,27 +204,53 @@ impl Fs {
     /// (a truncate, an unlink of its last name, a rename over it): its hash, when known
     /// or kept. Small files are read once for both hash and store.
     pub(crate) fn keep_current(&self, rel: &Path, f: &File) -> Option<String> {
-        let store = self.store()?;
         let st = sys::stat_fd(f.as_fd()).ok()?;
-        // Its hash known for this very stamp and its object there: nothing to read (an
-        // `rm` of a file written through the mount).
-        if let Some(h) = self.hashes.cached(&hash::stamp_of(&st)) {
-            let hs = hash::to_string(&h);
-            if !untracked(rel) && self.not_kept(rel, Some(st.st_size as u64)).is_none() {
-                // (Kept lately: not refreshed again, nor its time in the map, so the object's
-                // mtime is never more than FRESH behind what the map trusts.)
-                if self.versions.kept_lately(&hs) {
-                    return Some(hs);
-                }
-                if store.touch(&hs) {
-                    self.versions.note(&hs, None);
-                    return Some(hs);
-                }
-            }
+        self.keep_known(rel, &st)
+            .or_else(|| self.keep_read(rel, f, &st))
+    }
+
+    /// [`Fs::keep_current`] of the file `open` opens, whose stat (taken by the caller under
+    /// its stale lock) is `st`: nothing is opened when its hash is known for that stamp (an
+    /// `rm` of a file written through the mount).
+    pub(crate) fn keep_current_at(
+        &self,
+        rel: &Path,
+        st: &sys::Stat,
+        open: impl FnOnce() -> Option<File>,
+    ) -> Option<String> {
+        self.store()?;
+        self.keep_known(rel, st).or_else(|| {
+            let f = open()?;
+            self.keep_current(rel, &f)
+        })
+    }
+
+    /// The hash of the content of stamp `st` when it is known and its object is in the
+    /// store (refreshed there): nothing to read.
+    fn keep_known(&self, rel: &Path, st: &sys::Stat) -> Option<String> {
+        let store = self.store()?;
+        let h = self.hashes.cached(&hash::stamp_of(st))?;
+        let hs = hash::to_string(&h);
+        if untracked(rel) || self.not_kept(rel, Some(st.st_size as u64)).is_some() {
+            return None;
         }
+        // (Kept lately: not refreshed again, nor its time in the map, so the object's
+        // mtime is never more than FRESH behind what the map trusts.)
+        if self.versions.kept_lately(&hs) {
+            return Some(hs);
+        }
+        store.touch(&hs).then(|| {
+            self.versions.note(&hs, None);
+            hs
+        })
+    }
+
+    /// [`Fs::keep_current`] by reading `f` (of stat `st`).
+    fn keep_read(&self, rel: &Path, f: &File, st: &sys::Stat) -> Option<String> {
+        self.store()?;
         if st.st_size as u64 <= RANGE_LIMIT {
             let bytes = hash::read_small(f, RANGE_LIMIT)?;
-            let stamp = hash::stamp_of(&st);
+            let stamp = hash::stamp_of(st);
             let at = (stamp.size == bytes.len() as u64).then_some(stamp);
             let hs = hash::to_string(&self.hashes.of_bytes(at, &bytes));
             self.keep_bytes(rel, &bytes, &hs);

@@ -343,13 +343,13 @@ impl Fs {
             .and_then(|fd| sys::readlink_fd(fd.as_fd()).ok());
         // Removing a regular file's last name destroys its content: kept first, and named
         // by the DELETE (`restore` and `rewind` bring it back from there).
+        // (Not even opened when its hash is known for the stamp it has.)
         let kept = (!is_dir
             && st.st_mode & libc::S_IFMT == libc::S_IFREG
             && st.st_nlink <= 1
             && self.content_recorded(&rel))
-        .then(|| sys::open_read_at(pfd.as_fd(), name).ok())
-        .flatten()
-        .and_then(|f| self.keep_current(&rel, &f));
+        .then(|| self.keep_current_at(&rel, &st, || sys::open_read_at(pfd.as_fd(), name).ok()))
+        .flatten();
         sys::unlink_at(pfd.as_fd(), name, is_dir)?;
         self.gate.temps.remove(&rel);
         if old_ref.is_some() {
