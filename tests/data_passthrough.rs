@@ -1608,3 +1608,81 @@ fn a_rename_over_a_file_names_the_bytes_it_moved_after_a_write_through_a_mapping
         assert_eq!(b, a, "an object holds other bytes than its name says");
     }
 }
+
+/// (limits.md until stop 29; found by the attack pass of stop 25.) Bob keeps a file mapped
+/// writable and writes through a page already mapped: the bytes change, the stamp (size,
+/// times) does not. Alice read the version before; she then removes the file, or renames
+/// hers over it. Found open: both went through on the stamp she had seen, and the
+/// `DELETE` named the version before Bob's write. Now, while a passthrough handle that can
+/// map the file writable is alive, the checks hash the bytes: both are refused as stale,
+/// and Bob's bytes stay, on disk and on record.
+#[test]
+fn a_delete_or_rename_over_a_file_another_identity_maps_is_judged_by_its_bytes() {
+    let tm = mount(&[("docs/s.md", "aaaa\n"), ("docs/n.md", "new\n")]);
+    let bob_code = format!(
+        "{MMAP_PY}
+fd = os.open('docs/s.md', os.O_RDWR)
+p = mmap_shared(fd)
+ctypes.memmove(p, b'AAAA', 4)
+os.close(os.dup(fd))  # a close: the daemon hashes the content now
+step('wrote')
+ctypes.memmove(p, b'BBBB', 4)  # no fault: the page is mapped writable already
+step('again')
+libc.munmap(p, 4096)
+os.close(fd)
+"
+    );
+    // Alice, one identity throughout: she reads both files, then (once Bob wrote again)
+    // removes s.md and renames n.md over it.
+    let alice_code = format!(
+        "{MMAP_PY}
+print(open('docs/s.md').read().strip(), open('docs/n.md').read().strip(), flush=True)
+sys.stdin.readline()
+for what, call in (('rm', lambda: os.unlink('docs/s.md')),
+                   ('mv', lambda: os.rename('docs/n.md', 'docs/s.md'))):
+    try:
+        call()
+        print(what, 'done', flush=True)
+    except OSError as e:
+        print(what, 'refused', e.errno, flush=True)
+"
+    );
+    let mut bob = Agent::spawn(py_cmd(&tm, BOB, "bob.py", &bob_code, &[]));
+    bob.expect("wrote");
+    // (The close's entry names AAAA once it is on record: --record async.)
+    last_write_matching(&tm, "docs/s.md");
+    let mut alice = Agent::spawn(py_cmd(&tm, ALICE, "alice.py", &alice_code, &[]));
+    alice.expect("AAAA new");
+    bob.go();
+    bob.expect("again");
+    assert_eq!(tm.ws_bytes("docs/s.md"), b"BBBB\n");
+
+    alice.go();
+    assert!(
+        alice.expect("rm").starts_with("rm refused"),
+        "alice removed the file"
+    );
+    assert!(
+        alice.expect("mv").starts_with("mv refused"),
+        "alice's rename went through"
+    );
+    alice.finish();
+    assert_eq!(tm.ws_bytes("docs/s.md"), b"BBBB\n");
+    assert_eq!(tm.ws_bytes("docs/n.md"), b"new\n");
+    let stale: Vec<Value> = denials(&tm, "alice", "STALE_FILE")
+        .into_iter()
+        .filter(|e| e["path"] == "docs/s.md")
+        .collect();
+    assert_eq!(stale.len(), 2, "{stale:#?}");
+    assert!(
+        changes_by(&tm, "alice").is_empty(),
+        "{:#?}",
+        changes_by(&tm, "alice")
+    );
+
+    bob.go();
+    bob.finish();
+    let last = last_write_matching(&tm, "docs/s.md");
+    assert_eq!(last["agent"]["name"], "bob");
+    assert_verified(&tm);
+}

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use super::hash::{self, stamp_of};
 use super::inode::Node;
 use super::{sys, Caller, FileHandle, Fs, FsError, Result};
-use crate::guard::stale::{judge, Seen, Stamp, Verdict};
+use crate::guard::stale::{judge_by, Seen, Stamp, Verdict};
 use crate::guard::{Code, Denial, Identity};
 use crate::ledger::{changed_ranges, Draft, MutationType};
 
@@ -208,7 +208,15 @@ impl Fs {
             return Ok(());
         }
         let now = stamp_of(&st);
-        // The content now, hashed at most once and only when a view's stamp differs.
+        // Another identity's write through a page it keeps mapped writable changes the
+        // bytes without moving the stamp: while that may be, the stamp vouches for nothing,
+        // and neither does a hash remembered for it.
+        let mapped = self.may_be_mapped(st.st_dev, st.st_ino);
+        if mapped {
+            self.hashes.forget(st.st_dev, st.st_ino);
+        }
+        // The content now, hashed at most once and only when a view's stamp differs (or
+        // the file may be mapped).
         let mut hashed: Option<Option<[u8; 32]>> = None;
         let mut hash_now = || {
             *hashed.get_or_insert_with(|| {
@@ -254,7 +262,7 @@ impl Fs {
         let mut refresh = Vec::new();
         for (vrel, seen) in &views {
             let Some((pid, seen)) = seen else { continue };
-            let v = judge(Some(seen), now, false, &mut hash_now);
+            let v = judge_by(Some(seen), now, false, !mapped, &mut hash_now);
             tracing::debug!(
                 agent = %ident.name, op = %op, rel = %vrel.display(), ino = now.ino,
                 seen_ino = seen.stamp.ino, seen = %hex::encode(&seen.hash[..6]),
@@ -643,6 +651,22 @@ impl Fs {
             ),
         );
         Err(self.gate.deny(ident, caller, d))
+    }
+
+    /// With kernel passthrough of data: whether a writable shared mapping of the file
+    /// `(dev, ino)` may exist, that is, whether a passthrough handle opened for reading and
+    /// writing is alive on it (open, or kept after its release while its file stays
+    /// mapped: [`linger_while_mapped`]). A write through a page already mapped writable
+    /// moves neither the size nor the times, so while this holds a stamp says nothing of
+    /// the bytes: the stale checks and the versions kept before an unlink or a rename over
+    /// the file hash what the file holds.
+    pub(crate) fn may_be_mapped(&self, dev: u64, ino: u64) -> bool {
+        self.data_passthrough()
+            && self.table.by_backing(dev, ino).is_some_and(|n| {
+                n.open_file_handles()
+                    .iter()
+                    .any(|h| h.write_state().is_some_and(|w| w.pt && w.rdwr))
+            })
     }
 
     /// With kernel passthrough of data: whether `ident` holds the file open for writing

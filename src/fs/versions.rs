@@ -205,6 +205,7 @@ impl Fs {
     /// or kept. Small files are read once for both hash and store.
     pub(crate) fn keep_current(&self, rel: &Path, f: &File) -> Option<String> {
         let st = sys::stat_fd(f.as_fd()).ok()?;
+        self.forget_if_mapped(&st);
         self.keep_known(rel, &st)
             .or_else(|| self.keep_read(rel, f, &st))
     }
@@ -219,10 +220,19 @@ impl Fs {
         open: impl FnOnce() -> Option<File>,
     ) -> Option<String> {
         self.store()?;
+        self.forget_if_mapped(st);
         self.keep_known(rel, st).or_else(|| {
             let f = open()?;
             self.keep_current(rel, &f)
         })
+    }
+
+    /// A file that may be mapped writable ([`Fs::may_be_mapped`]): no hash remembered for
+    /// its stamp is trusted, its bytes are read.
+    fn forget_if_mapped(&self, st: &sys::Stat) {
+        if self.may_be_mapped(st.st_dev, st.st_ino) {
+            self.hashes.forget(st.st_dev, st.st_ino);
+        }
     }
 
     /// The hash of the content of stamp `st` when it is known and its object is in the

@@ -40,6 +40,20 @@ pub fn judge(
     require_read: bool,
     hash_now: impl FnOnce() -> Option<[u8; 32]>,
 ) -> Verdict {
+    judge_by(seen, now, require_read, true, hash_now)
+}
+
+/// [`judge`], with `trust_stamp` false when the stamp vouches for nothing: a write through
+/// a page already mapped writable changes the bytes and leaves the stamp as it was, so
+/// while such a mapping may exist the content is hashed even when the stamp is the one
+/// seen.
+pub fn judge_by(
+    seen: Option<&Seen>,
+    now: Stamp,
+    require_read: bool,
+    trust_stamp: bool,
+    hash_now: impl FnOnce() -> Option<[u8; 32]>,
+) -> Verdict {
     let Some(seen) = seen else {
         return if require_read {
             Verdict::Unread
@@ -47,7 +61,7 @@ pub fn judge(
             Verdict::Fresh(None)
         };
     };
-    if seen.stamp == now {
+    if trust_stamp && seen.stamp == now {
         return Verdict::Fresh(None);
     }
     match hash_now() {
@@ -138,5 +152,24 @@ mod tests {
             panic!("hashed an unchanged file")
         });
         assert_eq!(v, Verdict::Fresh(None));
+    }
+
+    #[test]
+    fn an_untrusted_stamp_is_hashed_and_judged_by_its_bytes() {
+        let (a, b) = ([1u8; 32], [2u8; 32]);
+        let seen = Seen {
+            stamp: stamp(1, 1),
+            hash: a,
+        };
+        // Same stamp, other bytes (a write through a page mapped writable): stale.
+        assert_eq!(
+            judge_by(Some(&seen), stamp(1, 1), false, false, || Some(b)),
+            Verdict::Stale { seen: a, now: b }
+        );
+        // Same stamp, same bytes: fresh (the view is refreshed with the same stamp).
+        assert_eq!(
+            judge_by(Some(&seen), stamp(1, 1), false, false, || Some(a)),
+            Verdict::Fresh(Some(seen))
+        );
     }
 }
