@@ -669,6 +669,14 @@ impl Fs {
             })
     }
 
+    /// The hash of `bytes`, a whole file read at the stamp `at` (None: it moved while they
+    /// were read): the one known for that stamp unless the file may be mapped writable
+    /// ([`Fs::may_be_mapped`]), else hashed (and remembered for the stamp).
+    pub(crate) fn hash_read(&self, bytes: &[u8], at: Option<Stamp>) -> [u8; 32] {
+        let at = at.filter(|s| !self.may_be_mapped(s.dev, s.ino));
+        self.hashes.of_bytes(at, bytes)
+    }
+
     /// With kernel passthrough of data: whether `ident` holds the file open for writing
     /// and nothing outside its processes wrote it meanwhile. Its own writes through that
     /// handle are then the only changes the daemon has not seen (they are on record at its

@@ -673,7 +673,12 @@ impl WriterState {
                     })
                     .collect()
             }),
-            vcs: self.vcs.as_mut().and_then(GitHead::vcs),
+            // (Looked at again at most every RECHECK, and after a ref moved through the mount:
+            // its own entry, which follows the move, is the first to name the new revision.)
+            vcs: self
+                .vcs
+                .as_mut()
+                .and_then(|g| g.vcs_within(super::vcs::RECHECK, mt == MutationType::Ref)),
             outcome: d.outcome.as_str().to_owned(),
             code: d.code.map(|c| c.as_str().to_owned()),
             rule: d.rule.clone(),

@@ -170,12 +170,13 @@ impl Fs {
         rel: Option<&Path>,
     ) -> (Option<Vec<u8>>, Option<String>) {
         let old = sys::reopen_quiet(self.proc_fd.as_fd(), fd).ok();
-        let bytes = old
+        let read = old
             .as_ref()
-            .and_then(|f| crate::fs::hash::read_small(f, crate::fs::stale::RANGE_LIMIT));
+            .and_then(|f| crate::fs::hash::read_small_stamped(f, crate::fs::stale::RANGE_LIMIT));
+        let (bytes, at) = read.unzip();
         let hash = match &bytes {
             Some(b) => {
-                let h = crate::ledger::sha256_bytes(b);
+                let h = crate::fs::hash::to_string(&self.hash_read(b, at.flatten()));
                 if let Some(rel) = rel {
                     self.keep_bytes(rel, b, &h);
                 }
@@ -597,7 +598,7 @@ impl Fs {
         // (A handle that may change its file: write access, `O_TRUNC`, a create.)
         drop(h.write_state()?);
         let key = (h.node.dev, h.node.ino);
-        self.table.owe(key);
+        self.table.owe_now(key);
         Some(Owed {
             key,
             bytes: self.close_bytes(&h, None),

@@ -543,10 +543,12 @@ impl Fs {
         });
         let edit = if over_file {
             // (The stamp is wanted only for the file moved, whose hash follows it.)
-            let moved = sys::open_read_at(r.pfd.as_fd(), r.name).ok().and_then(|f| {
-                crate::fs::hash::read_small_stamped(&f, crate::fs::stale::RANGE_LIMIT)
-            });
-            read_at(r.npfd.as_fd(), r.newname, crate::fs::stale::RANGE_LIMIT).zip(moved)
+            let read = |dir, n| {
+                sys::open_read_at(dir, n).ok().and_then(|f| {
+                    crate::fs::hash::read_small_stamped(&f, crate::fs::stale::RANGE_LIMIT)
+                })
+            };
+            read(r.npfd.as_fd(), r.newname).zip(read(r.pfd.as_fd(), r.name))
         } else {
             None
         };
@@ -554,14 +556,15 @@ impl Fs {
         // bytes just read for a small file, the files themselves for a larger one.
         let mut moved = None;
         let versions = match &edit {
-            Some((old, (new, at_new))) => {
-                // The bytes read are hashed, never a hash remembered for their stamp: a
-                // write through a page already mapped writable changes them without
-                // moving the stamp, and the store would keep them under another
-                // content's name.
-                let hn32: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(new).into();
+            Some(((old, at_old), (new, at_new))) => {
+                // A hash remembered for the stamp the bytes were read at stands for them
+                // only while no write can change them without moving it: never while the
+                // file may be mapped writable (a write through a page already mapped
+                // leaves the stamp, and the store would keep the bytes under another
+                // content's name); those bytes are hashed.
+                let hn32 = self.hash_read(new, *at_new);
                 let (ho, hn) = (
-                    crate::ledger::sha256_bytes(old),
+                    crate::fs::hash::to_string(&self.hash_read(old, *at_old)),
                     crate::fs::hash::to_string(&hn32),
                 );
                 moved = at_new.map(|at| (at, hn32));
@@ -628,7 +631,7 @@ impl Fs {
             }
         }
         Ok(RenameEffects {
-            edit: edit.map(|(old, (new, _))| (old, new)),
+            edit: edit.map(|((old, _), (new, _))| (old, new)),
             moved,
             versions,
             moved_ref,
