@@ -1392,6 +1392,18 @@ fn a_close_being_hashed_holds_up_no_other_file() {
         "the changes of 8 other files were answered only once the close of a 4 GiB file was \
          on record (or its hash took under 200 ms)"
     );
+    // The close's entry, then the stop: hashing and keeping 4 GiB takes seconds, more than
+    // the stop waits for a daemon under a loaded run (it was killed with the entries still
+    // queued, one run in eight).
+    let recorded = wait_until(Duration::from_secs(300), || {
+        read_ledger(&tm.w(LEDGER_REL))
+            .iter()
+            .any(|e| e["mutation_type"] == "WRITE" && e["path"] == "big")
+    });
+    assert!(
+        recorded,
+        "the close of the 4 GiB file never reached the ledger"
+    );
     tm.stop();
     let l = tm.ledger();
     for f in written {

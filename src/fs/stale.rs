@@ -115,24 +115,6 @@ impl Fs {
         self.gate.deny(ident, caller, d)
     }
 
-    /// Refuse a mutation of the existing regular file behind `fd` (an `O_PATH` handle) if it
-    /// changed since `ident` last saw it under the name `rel` (unlink, rename: the agent
-    /// named the file).
-    pub(crate) fn check_stale(
-        &self,
-        ident: &Arc<Identity>,
-        caller: &Caller,
-        op: Operation,
-        rel: &Path,
-        fd: BorrowedFd<'_>,
-    ) -> Result<()> {
-        if untracked(rel) {
-            return Ok(());
-        }
-        let views = vec![(rel.to_path_buf(), ident.seen_for(rel, caller.pid))];
-        self.judge_views(ident, caller, op, rel, fd, views)
-    }
-
     /// The stale check of an open file node (open for write, truncate): the kernel resolved
     /// the name the agent used before the request reached the daemon, so every view that
     /// may be the one the agent acted on counts, and any of them differing from the content
@@ -204,10 +186,27 @@ impl Fs {
         views: Vec<(PathBuf, Option<(u32, Seen)>)>,
     ) -> Result<()> {
         let st = sys::stat_fd(fd)?;
+        let open = || sys::reopen_quiet(self.proc_fd.as_fd(), fd).ok();
+        self.judge_views_of(ident, caller, op, rel, &st, &open, views)
+    }
+
+    /// [`Fs::judge_views`] of the file of stat `st`, opened by `open` only when its bytes
+    /// are to be hashed.
+    #[allow(clippy::too_many_arguments)]
+    fn judge_views_of(
+        &self,
+        ident: &Arc<Identity>,
+        caller: &Caller,
+        op: Operation,
+        rel: &Path,
+        st: &sys::Stat,
+        open: &dyn Fn() -> Option<std::fs::File>,
+        views: Vec<(PathBuf, Option<(u32, Seen)>)>,
+    ) -> Result<()> {
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Ok(());
         }
-        let now = stamp_of(&st);
+        let now = stamp_of(st);
         // Another identity's write through a page it keeps mapped writable changes the
         // bytes without moving the stamp: while that may be, the stamp vouches for nothing,
         // and neither does a hash remembered for it.
@@ -220,7 +219,7 @@ impl Fs {
         let mut hashed: Option<Option<[u8; 32]>> = None;
         let mut hash_now = || {
             *hashed.get_or_insert_with(|| {
-                let f = sys::reopen_quiet(self.proc_fd.as_fd(), fd).ok()?;
+                let f = open()?;
                 self.hashes.hash(&f).ok().map(|(h, _)| h)
             })
         };
@@ -240,7 +239,7 @@ impl Fs {
             .last_writer
             .lock()
             .get(&(st.st_dev, st.st_ino))
-            .is_some_and(|(k, s)| *k == ident.key && *s == race_stamp(&st))
+            .is_some_and(|(k, s)| *k == ident.key && *s == race_stamp(st))
             || self.pt_holds(ident, st.st_dev, st.st_ino);
         if own {
             if let Some(h) = hash_now() {
@@ -293,7 +292,12 @@ impl Fs {
         Ok(())
     }
 
-    /// The stale check for `parent_fd/name` if it exists (unlink, rename).
+    /// The stale check for `parent_fd/name` (unlink, rename), whose stat `st` the caller
+    /// took under the file's stale lock ([`Fs::lock_names`]): the file is opened only if
+    /// its bytes are to be hashed (a view with another stamp, or a file that may be mapped),
+    /// and then only if the name still holds that file (a rename from outside the mount in
+    /// between: refused as stale, the file that would be changed being unknown).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn check_stale_at(
         &self,
         ident: &Arc<Identity>,
@@ -302,11 +306,20 @@ impl Fs {
         rel: &Path,
         parent_fd: BorrowedFd<'_>,
         name: &std::ffi::OsStr,
+        st: &sys::Stat,
     ) -> Result<()> {
-        match sys::open_path(parent_fd, name) {
-            Ok(fd) => self.check_stale(ident, caller, op, rel, fd.as_fd()),
-            Err(_) => Ok(()),
+        if untracked(rel) {
+            return Ok(());
         }
+        let views = vec![(rel.to_path_buf(), ident.seen_for(rel, caller.pid))];
+        let open = || {
+            let fd = sys::open_path(parent_fd, name).ok()?;
+            let now = sys::stat_fd(fd.as_fd()).ok()?;
+            ((now.st_dev, now.st_ino) == (st.st_dev, st.st_ino))
+                .then(|| sys::reopen_quiet(self.proc_fd.as_fd(), fd.as_fd()).ok())
+                .flatten()
+        };
+        self.judge_views_of(ident, caller, op, rel, st, &open, views)
     }
 
     /// Record what the file holds now as seen by `h`'s identity, before (or without) any

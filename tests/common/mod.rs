@@ -768,7 +768,12 @@ pub fn skip_under_record_async(why: &str) -> bool {
 /// Parse every line of a JSONL ledger (empty when missing).
 pub fn read_ledger(path: &Path) -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
+    // A line is on record once its newline is: read while the daemon appends, the last
+    // one may be caught half written (measured: 10 reads in 71,626 while a mount recorded
+    // 3,000 closes), which is not a broken ledger.
+    let complete = text.rfind('\n').map_or("", |end| &text[..=end]);
+    complete
+        .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("ledger line {l:?}: {e}")))
         .collect()

@@ -317,7 +317,15 @@ impl Fs {
             None
         };
         if !is_dir {
-            self.check_stale_at(&ident, caller, Operation::Unlink, &rel, pfd.as_fd(), name)?;
+            self.check_stale_at(
+                &ident,
+                caller,
+                Operation::Unlink,
+                &rel,
+                pfd.as_fd(),
+                name,
+                &st,
+            )?;
         }
         // A loose ref's name and its packed value, read once (a directory holds no ref).
         let ref_packed = crate::policy::git::ref_name(&rel)

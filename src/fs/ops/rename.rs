@@ -257,7 +257,8 @@ impl Fs {
         }
         // Stale checks: renaming a file away, and renaming over one (what `sed -i` and
         // editors do), both destroy a version the identity may not have seen.
-        if !r.src_dir {
+        // (Against the stats taken under the locks: `now` holds the files `r` resolved.)
+        if let (false, Some(src)) = (r.src_dir, &now[0]) {
             self.check_stale_at(
                 &g.ident,
                 caller,
@@ -265,9 +266,10 @@ impl Fs {
                 &r.from,
                 r.pfd.as_fd(),
                 name,
+                src,
             )?;
         }
-        if r.dst.is_some() {
+        if let (true, Some(dst)) = (r.dst.is_some(), &now[1]) {
             self.check_stale_at(
                 &g.ident,
                 caller,
@@ -275,6 +277,7 @@ impl Fs {
                 &r.to,
                 r.npfd.as_fd(),
                 newname,
+                dst,
             )?;
         }
         let fx = self.rename_effects(&g.ident, caller, &r)?;
