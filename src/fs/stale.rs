@@ -220,6 +220,11 @@ impl Fs {
         let mut hash_now = || {
             *hashed.get_or_insert_with(|| {
                 let f = open()?;
+                if mapped {
+                    // (Its bytes, not a hash another request may have remembered for the
+                    // stamp since it was forgotten above.)
+                    return hash::hash_stream(&f).ok().map(|(h, _)| h);
+                }
                 self.hashes.hash(&f).ok().map(|(h, _)| h)
             })
         };

@@ -239,6 +239,9 @@ impl Fs {
     /// store (refreshed there): nothing to read.
     fn keep_known(&self, rel: &Path, st: &sys::Stat) -> Option<String> {
         let store = self.store()?;
+        if self.may_be_mapped(st.st_dev, st.st_ino) {
+            return None;
+        }
         let h = self.hashes.cached(&hash::stamp_of(st))?;
         let hs = hash::to_string(&h);
         if untracked(rel) || self.not_kept(rel, Some(st.st_size as u64)).is_some() {
@@ -261,8 +264,10 @@ impl Fs {
         if st.st_size as u64 <= RANGE_LIMIT {
             let bytes = hash::read_small(f, RANGE_LIMIT)?;
             let stamp = hash::stamp_of(st);
+            // (A file that may be mapped writable: its bytes are hashed, whatever was
+            // remembered for the stamp.)
             let at = (stamp.size == bytes.len() as u64).then_some(stamp);
-            let hs = hash::to_string(&self.hashes.of_bytes(at, &bytes));
+            let hs = hash::to_string(&self.hash_read(&bytes, at));
             self.keep_bytes(rel, &bytes, &hs);
             return Some(hs);
         }

@@ -59,9 +59,10 @@ impl Fs {
             stats = now;
         }
         // Names re-pointed without end: lock what they point to now and go on (the
-        // stale checks still run, only not atomically with a concurrent change).
+        // stale checks still run, only not atomically with a concurrent change), with the
+        // stats the names have under the locks (the checks judge those files).
         let guards = self.table.stale_locks(&key(&stats));
-        (guards, stats)
+        (guards, look())
     }
 
     pub(super) fn protected_below(
