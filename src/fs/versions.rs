@@ -220,7 +220,8 @@ impl Fs {
         open: impl FnOnce() -> Option<File>,
     ) -> Option<String> {
         self.store()?;
-        self.forget_if_mapped(st);
+        // (`keep_known` trusts no remembered hash of a file that may be mapped;
+        // `keep_current` forgets it before reading.)
         self.keep_known(rel, st).or_else(|| {
             let f = open()?;
             self.keep_current(rel, &f)
