@@ -510,3 +510,86 @@ fn a_directory_that_reuses_a_removed_ones_inode_is_watched() {
         eprintln!("SKIP (in effect): the workspace's filesystem never reused an inode number");
     }
 }
+
+/// The kernel forgets a node (memory pressure; here `drop_caches`) while a lookup or a
+/// listing of another process hands the same node out again. The daemon must count the new
+/// lookup against the node it keeps, never against one it is dropping: a node dropped while
+/// the kernel holds it makes every later request on it fail with "No such file or
+/// directory" (a directory listed, then its names not found; CI caught it once in a
+/// property test running beside another test's `drop_caches`).
+#[test]
+fn a_node_forgotten_while_a_listing_hands_it_out_stays_known() {
+    let mut files = Vec::new();
+    for i in 0..40 {
+        files.push((format!("d/s{i:02}/f.txt"), format!("{i}\n")));
+    }
+    let files: Vec<(&str, &str)> = files.iter().map(|(p, c)| (&p[..], &c[..])).collect();
+    let tm = TestMount::builder()
+        .policy(ALLOW_ALL)
+        .intent("ALL")
+        .files(&files)
+        .mount();
+    if std::fs::write("/proc/sys/vm/drop_caches", "2").is_err() {
+        panic!("this test needs root: it makes the kernel forget nodes with drop_caches");
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dropper = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let d = tm.m("d");
+    let deadline = std::time::Instant::now() + Duration::from_secs(6);
+    let walkers: Vec<_> = (0..3)
+        .map(|_| {
+            let d = d.clone();
+            std::thread::spawn(move || {
+                let mut failures = Vec::new();
+                let mut walks = 0u32;
+                while std::time::Instant::now() < deadline && failures.len() < 5 {
+                    walks += 1;
+                    for e in std::fs::read_dir(&d).unwrap() {
+                        let p = e.unwrap().path();
+                        let r = std::fs::symlink_metadata(&p)
+                            .and_then(|_| std::fs::read_dir(&p)?.collect::<Result<Vec<_>, _>>())
+                            .and_then(|_| std::fs::read(p.join("f.txt")));
+                        if let Err(e) = r {
+                            failures.push(format!("{}: {e}", p.display()));
+                        }
+                    }
+                }
+                (walks, failures)
+            })
+        })
+        .collect();
+    let mut failures = Vec::new();
+    let mut walks = 0;
+    for w in walkers {
+        let (n, f) = w.join().unwrap();
+        walks += n;
+        failures.extend(f);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    dropper.join().unwrap();
+    eprintln!("{walks} walks of 40 directories beside drop_caches");
+    assert!(
+        failures.is_empty(),
+        "names listed but not found: {failures:#?}"
+    );
+    // And every one is still there, through the mount and behind it.
+    for i in 0..40 {
+        let rel = format!("d/s{i:02}/f.txt");
+        assert_eq!(
+            std::fs::read_to_string(tm.m(&rel)).unwrap(),
+            format!("{i}\n")
+        );
+        assert_eq!(
+            std::fs::read_to_string(tm.w(&rel)).unwrap(),
+            format!("{i}\n")
+        );
+    }
+}

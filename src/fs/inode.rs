@@ -369,7 +369,6 @@ impl InodeTable {
         st: &sys::Stat,
     ) -> Arc<Node> {
         let node = self.get_or_insert(parent, name, st);
-        node.nlookup.fetch_add(1, Ordering::Relaxed);
         if let Some(fd) = fd {
             if node.fd.lock().is_none() {
                 self.install_fd(&node, fd);
@@ -378,25 +377,11 @@ impl InodeTable {
         node
     }
 
-    /// The node for `parent/name` without raising its lookup count (readdirplus asks first
-    /// and counts only entries that fit in the reply).
-    pub fn peek(&self, parent: u64, name: &OsStr, st: &sys::Stat) -> (Arc<Node>, bool) {
-        let existed = self.by_backing(st.st_dev, st.st_ino).is_some();
-        (self.get_or_insert(parent, name, st), existed)
-    }
-
-    /// Raise the lookup count of a node returned by [`peek`](Self::peek).
-    pub fn count_lookup(&self, node: &Node) {
-        node.nlookup.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Drop a node that [`peek`](Self::peek) created but that was never handed out.
-    pub fn discard_unreferenced(&self, node: &Node) {
-        if node.nlookup.load(Ordering::Relaxed) == 0 {
-            self.remove(node.nodeid);
-        }
-    }
-
+    /// The node of `parent/name` (the known one for its backing inode, or a new one),
+    /// with its lookup count raised under the table's lock: a concurrent FORGET that takes
+    /// the count to zero removes the node under that lock too, so the count a lookup adds
+    /// is never added to a node already dropped (the kernel would then hold a node id the
+    /// daemon no longer knows, and every request on it would fail with ENOENT).
     fn get_or_insert(&self, parent: u64, name: &OsStr, st: &sys::Stat) -> Arc<Node> {
         let mut inner = self.inner.lock();
         if let Some(node) = inner
@@ -405,6 +390,7 @@ impl InodeTable {
             .and_then(|id| inner.nodes.get(id))
         {
             let node = node.clone();
+            node.nlookup.fetch_add(1, Ordering::AcqRel);
             let mut names = node.names.lock();
             if !names.iter().any(|(p, n)| *p == parent && n == name) {
                 if names.len() >= MAX_ALIASES {
@@ -438,7 +424,7 @@ impl InodeTable {
             dev: st.st_dev,
             ino: st.st_ino,
             kind: st.st_mode & libc::S_IFMT,
-            nlookup: AtomicU64::new(0),
+            nlookup: AtomicU64::new(1),
             fd: Mutex::new(None),
             names: Mutex::new(vec![(parent, name.to_os_string())]),
             open_count: self.open_count.clone(),

@@ -194,18 +194,18 @@ impl Fs {
                 Ok(st) => st,
                 Err(_) => return Ok(false), // gone since listed
             };
-            let (node, existed) = self.table.peek(nodeid, l.name, &st);
+            // Counted before it is handed out (as a lookup is, see `InodeTable::lookup`),
+            // and given back if it does not fit: counting after the reply let a FORGET
+            // in between drop a node the kernel was about to hold.
+            let node = self.table.lookup(nodeid, l.name, None, &st);
             let ent = Entry {
                 nodeid: node.nodeid,
                 st,
             };
             if add(&ent, l.next, l.name) {
-                if !existed {
-                    self.table.discard_unreferenced(&node);
-                }
+                self.table.forget(node.nodeid, 1);
                 return Ok(true);
             }
-            self.table.count_lookup(&node);
             Ok(false)
         })
     }
