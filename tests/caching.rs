@@ -529,19 +529,7 @@ fn a_node_forgotten_while_a_listing_hands_it_out_stays_known() {
         .intent("ALL")
         .files(&files)
         .mount();
-    if std::fs::write("/proc/sys/vm/drop_caches", "2").is_err() {
-        panic!("this test needs root: it makes the kernel forget nodes with drop_caches");
-    }
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let dropper = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                std::fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        })
-    };
+    let pressure = MemoryPressure::start(Duration::from_millis(2));
     let d = tm.m("d");
     let deadline = std::time::Instant::now() + Duration::from_secs(6);
     let walkers: Vec<_> = (0..3)
@@ -573,9 +561,8 @@ fn a_node_forgotten_while_a_listing_hands_it_out_stays_known() {
         walks += n;
         failures.extend(f);
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    dropper.join().unwrap();
-    eprintln!("{walks} walks of 40 directories beside drop_caches");
+    let drops = pressure.stop();
+    eprintln!("{walks} walks of 40 directories beside {drops} drop_caches");
     assert!(
         failures.is_empty(),
         "names listed but not found: {failures:#?}"

@@ -92,6 +92,12 @@ pub struct Node {
     /// was removed may get its number while the watcher has not yet read that the old one
     /// is gone, and must be marked all the same.
     pub(crate) watched: std::sync::atomic::AtomicBool,
+    /// The workspace paths this inode had when the kernel last forgot it, if it had
+    /// several (hard links): the kernel may forget a node (memory pressure) and look up
+    /// only one of its names again, and a change of a file with names unknown to the
+    /// mount is refused. They count as its names only while they still name it
+    /// (`Fs::node_rels` checks each from the workspace root).
+    pub(crate) remembered: Mutex<Vec<std::path::PathBuf>>,
 }
 
 impl Node {
@@ -135,6 +141,11 @@ impl Node {
             .collect()
     }
 
+    /// The node's backing handle, if it is open now (never opened for this).
+    pub fn held_fd(&self) -> Option<Arc<OwnedFd>> {
+        self.fd.lock().clone()
+    }
+
     /// Take the backing handle out of the node, if it is open (the count of open handles
     /// follows). Whoever gets it decides when it closes.
     fn take_fd(&self) -> Option<Arc<OwnedFd>> {
@@ -155,7 +166,14 @@ impl Drop for Node {
 struct Inner {
     nodes: HashMap<u64, Arc<Node>>,
     by_backing: HashMap<(u64, u64), u64>,
+    /// The names of forgotten inodes that had several (see `Node::remembered`), with the
+    /// order they were forgotten in, at most [`MAX_REMEMBERED`].
+    remembered: HashMap<(u64, u64), Vec<std::path::PathBuf>>,
+    remembered_order: VecDeque<(u64, u64)>,
 }
+
+/// How many forgotten hard-linked inodes keep their names.
+const MAX_REMEMBERED: usize = 16_384;
 
 /// All nodes the kernel currently references.
 pub struct InodeTable {
@@ -203,13 +221,19 @@ impl InodeTable {
             departed: Mutex::new(Vec::new()),
             handles: Mutex::new(Vec::new()),
             watched: std::sync::atomic::AtomicBool::new(false),
+            remembered: Mutex::new(Vec::new()),
         });
         let mut nodes = HashMap::new();
         nodes.insert(ROOT, root.clone());
         let mut by_backing = HashMap::new();
         by_backing.insert((st.st_dev, st.st_ino), ROOT);
         Ok(InodeTable {
-            inner: Mutex::new(Inner { nodes, by_backing }),
+            inner: Mutex::new(Inner {
+                nodes,
+                by_backing,
+                remembered: HashMap::new(),
+                remembered_order: VecDeque::new(),
+            }),
             next_synthetic: AtomicU64::new(SYNTHETIC_BASE),
             open_count,
             fd_cap: fd_cap.max(64),
@@ -409,6 +433,10 @@ impl InodeTable {
             drop(names);
             return node;
         }
+        let remembered = inner
+            .remembered
+            .remove(&(st.st_dev, st.st_ino))
+            .unwrap_or_default();
         let wanted = st.st_ino;
         let nodeid = if st.st_dev == self.root.dev
             && wanted != ROOT
@@ -432,6 +460,7 @@ impl InodeTable {
             departed: Mutex::new(Vec::new()),
             handles: Mutex::new(Vec::new()),
             watched: std::sync::atomic::AtomicBool::new(false),
+            remembered: Mutex::new(remembered),
         });
         inner.nodes.insert(nodeid, node.clone());
         inner.by_backing.insert((st.st_dev, st.st_ino), nodeid);
@@ -451,11 +480,43 @@ impl InodeTable {
             })
             .unwrap_or(0);
         if prev <= n {
-            self.remove(nodeid);
+            // A file with several names: where they are, while the directories above them
+            // are still known (the kernel forgets a file before its directory).
+            let names = if node.is_reg()
+                && (node.names.lock().len() > 1 || !node.remembered.lock().is_empty())
+            {
+                let mut paths = Vec::new();
+                for (parent, name) in node.aliases() {
+                    let dir = if parent == ROOT {
+                        Some(std::path::PathBuf::new())
+                    } else {
+                        self.get(parent).and_then(|p| self.path_of(&p))
+                    };
+                    if let Some(p) = dir.map(|d| d.join(name)) {
+                        if !paths.contains(&p) {
+                            paths.push(p);
+                        }
+                    }
+                }
+                // (Then those it had itself come back with: a name the kernel did not look
+                // up again since is still one. As many as a node keeps names.)
+                for p in node.remembered.lock().iter() {
+                    if !paths.contains(p) {
+                        paths.push(p.clone());
+                    }
+                }
+                paths.truncate(MAX_ALIASES);
+                paths
+            } else {
+                Vec::new()
+            };
+            self.remove(nodeid, names);
         }
     }
 
-    fn remove(&self, nodeid: u64) {
+    /// Drop a node nobody references; `names`: its paths, kept for when it is looked up
+    /// again (see `Node::remembered`).
+    fn remove(&self, nodeid: u64, names: Vec<std::path::PathBuf>) {
         let node = {
             let mut inner = self.inner.lock();
             let Some(node) = inner.nodes.get(&nodeid) else {
@@ -468,6 +529,16 @@ impl InodeTable {
             let node = inner.nodes.remove(&nodeid);
             if inner.by_backing.get(&key) == Some(&nodeid) {
                 inner.by_backing.remove(&key);
+            }
+            if names.len() > 1 {
+                if inner.remembered.insert(key, names).is_none() {
+                    inner.remembered_order.push_back(key);
+                }
+                while inner.remembered_order.len() > MAX_REMEMBERED {
+                    if let Some(old) = inner.remembered_order.pop_front() {
+                        inner.remembered.remove(&old);
+                    }
+                }
             }
             node
         };

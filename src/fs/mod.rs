@@ -532,13 +532,74 @@ impl Fs {
                 _ => {}
             }
         }
+        if node.is_reg() {
+            self.add_remembered(node, &mut out);
+            // None known any more (the kernel forgot the directory above it while a
+            // handle kept the file, as a mapping does): where an open handle of it is now,
+            // for a file with one name.
+            if out.is_empty() {
+                let fd = node.held_fd();
+                let handles = node.open_file_handles();
+                let fds = fd
+                    .as_deref()
+                    .map(AsFd::as_fd)
+                    .into_iter()
+                    .chain(handles.iter().map(|h| h.file.as_fd()));
+                if let Some(rel) = fds.into_iter().find_map(|fd| self.sole_name_of(node, fd)) {
+                    out.push(rel);
+                }
+            }
+        }
         if out.is_empty() {
             return error::err(libc::ESTALE);
         }
         Ok(out)
     }
 
-    /// Every name the daemon knows for a node, as workspace-relative paths (no syscalls).
+    /// The workspace path of a file with one name, from a handle of it (`/proc/self/fd`),
+    /// when that path names it from the workspace root now.
+    pub(crate) fn sole_name_of(
+        &self,
+        node: &Node,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Option<PathBuf> {
+        let st = sys::stat_fd(fd).ok()?;
+        if st.st_dev != node.dev || st.st_ino != node.ino || st.st_nlink != 1 {
+            return None;
+        }
+        let real = sys::fd_path_in(self.proc_fd.as_fd(), fd).ok()?;
+        let root = self.root_path.lock().clone();
+        let rel = real.strip_prefix(&root).ok()?.to_path_buf();
+        let root_fd = self.fd(self.table.root()).ok()?;
+        sys::stat_beneath(root_fd.as_fd(), &rel)
+            .ok()
+            .filter(|now| now.st_dev == node.dev && now.st_ino == node.ino)
+            .map(|_| rel)
+    }
+
+    /// Add to `out` the names a file had when the kernel last forgot it that still name it
+    /// (see `Node::remembered`): checked from the workspace root, without following a
+    /// symlink.
+    fn add_remembered(&self, node: &Node, out: &mut Vec<PathBuf>) {
+        let remembered = node.remembered.lock().clone();
+        if remembered.is_empty() {
+            return;
+        }
+        let Ok(root) = self.fd(self.table.root()) else {
+            return;
+        };
+        for rel in remembered {
+            if !out.contains(&rel)
+                && sys::stat_beneath(root.as_fd(), &rel)
+                    .is_ok_and(|st| st.st_dev == node.dev && st.st_ino == node.ino)
+            {
+                out.push(rel);
+            }
+        }
+    }
+
+    /// Every name the daemon knows for a node, as workspace-relative paths (no syscalls,
+    /// but for a file forgotten and looked up again with names remembered).
     pub(crate) fn alias_rels(&self, node: &Node) -> Vec<PathBuf> {
         let mut out: Vec<PathBuf> = Vec::new();
         for (parent, name) in node.aliases() {
@@ -552,6 +613,9 @@ impl Fs {
             if !out.contains(&rel) {
                 out.push(rel);
             }
+        }
+        if node.is_reg() {
+            self.add_remembered(node, &mut out);
         }
         if out.is_empty() {
             out.push(self.display_rel(node));

@@ -957,7 +957,13 @@ impl Fs {
         // the others, which hold the same content.)
         let mut names = match at_close {
             Some((rels, _)) => rels,
-            None => self.node_rels(&h.node).unwrap_or_default(),
+            // (Or, the kernel having forgotten the directories above it, where this
+            // handle's file is now, when that is its one name.)
+            None => self
+                .node_rels(&h.node)
+                .ok()
+                .or_else(|| self.sole_name_of(&h.node, h.file.as_fd()).map(|r| vec![r]))
+                .unwrap_or_default(),
         }
         .into_iter();
         let named = names.next();

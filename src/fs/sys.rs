@@ -136,6 +136,20 @@ pub fn stat_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<Stat> {
     Ok(unsafe { st.assume_init() })
 }
 
+/// The stat of `rel` (relative, without `..`) resolved beneath `root` without following
+/// any symlink on the way or at its end: what a remembered name of an inode names now.
+pub fn stat_beneath(root: BorrowedFd<'_>, rel: &std::path::Path) -> io::Result<Stat> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let fd = rustix::fs::openat2(
+        root,
+        rel,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )?;
+    stat_fd(fd.as_fd())
+}
+
 /// `fstat` of any fd, `O_PATH` ones included.
 pub fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<Stat> {
     let mut st = std::mem::MaybeUninit::<Stat>::zeroed();

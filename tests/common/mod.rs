@@ -83,6 +83,54 @@ pub fn require_fuse() {
     }
 }
 
+/// Memory pressure, as far as a mount's nodes go: the kernel drops every unused dentry
+/// and inode (`drop_caches`) every `every` until this is dropped, so it forgets nodes while
+/// the test works (it sends `FORGET`s for them, and looks them up again from one name).
+/// System-wide: the tests using it run alone (`.config/nextest.toml`). Needs root.
+pub struct MemoryPressure {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl MemoryPressure {
+    pub fn start(every: Duration) -> MemoryPressure {
+        std::fs::write("/proc/sys/vm/drop_caches", "2")
+            .expect("this test needs root: it makes the kernel forget nodes with drop_caches");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(AtOrd::Relaxed) {
+                    std::fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+                    n += 1;
+                    std::thread::sleep(every);
+                }
+                n
+            })
+        };
+        MemoryPressure {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stop; how many times the caches were dropped.
+    pub fn stop(mut self) -> u64 {
+        self.stop.store(true, AtOrd::Relaxed);
+        self.thread.take().map_or(0, |t| t.join().unwrap())
+    }
+}
+
+impl Drop for MemoryPressure {
+    fn drop(&mut self) {
+        self.stop.store(true, AtOrd::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Poll `f` every 10 ms until it is true or `timeout` passes.
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
