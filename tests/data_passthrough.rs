@@ -586,6 +586,24 @@ def step(said):
     sys.stdin.readline()
 "#;
 
+/// An agent's script: map `rel` shared, write `ONE` through it, close the descriptor
+/// (only the mapping holds the file then), say `closed` and wait, write `TWO` through the
+/// mapping, unmap, say `unmapped`.
+fn write_through_a_mapping_after_close(rel: &str) -> String {
+    format!(
+        "{MMAP_PY}
+fd = os.open('{rel}', os.O_RDWR)
+p = mmap_shared(fd)
+ctypes.memmove(p, b'ONE', 3)
+os.close(fd)  # only the mapping holds the file now
+step('closed')
+ctypes.memmove(p, b'TWO', 3)
+libc.munmap(p, 4096)
+print('unmapped', flush=True)
+"
+    )
+}
+
 /// A shared mapping outlives its descriptor, and with passthrough it holds the backing
 /// file, not the mount's: the handle's release comes at `close` while the agent can still
 /// write through the mapping. Found open (the handle was released: another identity could
@@ -595,18 +613,7 @@ def step(said):
 #[test]
 fn a_mapping_kept_after_close_keeps_the_lease_and_its_bytes_are_on_record() {
     let tm = mount(&[("docs/m.md", "one\n")]);
-    let code = format!(
-        "{MMAP_PY}
-fd = os.open('docs/m.md', os.O_RDWR)
-p = mmap_shared(fd)
-ctypes.memmove(p, b'ONE', 3)
-os.close(fd)  # only the mapping holds the file now
-step('closed')
-ctypes.memmove(p, b'TWO', 3)
-libc.munmap(p, 4096)
-print('unmapped', flush=True)
-"
-    );
+    let code = write_through_a_mapping_after_close("docs/m.md");
     let err = mapping_holds_the_lease(&tm, "docs/m.md", &code, b"ONE\n", b"TWO\n");
     assert!(
         err["message"].as_str().unwrap().contains("alice"),
@@ -634,18 +641,7 @@ fn a_mapping_released_after_the_kernel_forgot_its_directory_is_on_record_under_m
         let rel = format!("docs/p{round}.md");
         let tm = mount(&[(&rel[..], "one\n")]);
         let pressure = MemoryPressure::start(Duration::from_millis(2));
-        let code = format!(
-            "{MMAP_PY}
-fd = os.open('{rel}', os.O_RDWR)
-p = mmap_shared(fd)
-ctypes.memmove(p, b'ONE', 3)
-os.close(fd)  # only the mapping holds the file now
-step('closed')
-ctypes.memmove(p, b'TWO', 3)
-libc.munmap(p, 4096)
-print('unmapped', flush=True)
-"
-        );
+        let code = write_through_a_mapping_after_close(&rel);
         mapping_holds_the_lease(&tm, &rel, &code, b"ONE\n", b"TWO\n");
         assert!(pressure.stop() > 0);
     }
