@@ -34,6 +34,9 @@ fn agent(tm: &TestMount, intent: &str, script: &str) -> Output {
         .env("GIT_COMMITTER_NAME", "agent")
         .env("GIT_COMMITTER_EMAIL", "agent@example.com")
         .env("CARGO_NET_OFFLINE", "true")
+        // The crates build into their own `target/` in the mount, whatever the
+        // environment running the tests builds into.
+        .env_remove("CARGO_TARGET_DIR")
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .output()
