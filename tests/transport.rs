@@ -163,6 +163,21 @@ fn io_uring_transport_serves_and_auto_falls_back() {
     tm.stop();
     assert!(!is_mounted(&tm.mnt), "still mounted after stop");
 
+    // dev (dev-fuse) where the kernel offers the ring: /dev/fuse all the same.
+    let tm = TestMount::builder()
+        .policy(ALLOW_ALL)
+        .intent("ALL")
+        .arg("--transport")
+        .arg("dev")
+        .files(&[("hello.txt", "hi\n")])
+        .mount();
+    let log = log_of(&tm);
+    assert!(log.contains("transport: /dev/fuse"), "daemon log:\n{log}");
+    assert_eq!(transport_in_status(&tm), "/dev/fuse");
+    file_operations(&tm);
+    assert_eq!(ring_switches(tm.daemon_pid()), 0, "no ring thread expected");
+    drop(tm);
+
     // auto without the kernel's offer: /dev/fuse, and the log says why.
     param.switch(false);
     let tm = TestMount::builder()

@@ -102,9 +102,9 @@ pub struct MountArgs {
     /// Needs root.
     #[arg(long)]
     pub low_latency: bool,
-    /// How requests travel between the kernel and the daemon: `dev-fuse` (read/write on
-    /// /dev/fuse), `io-uring` (FUSE-over-io_uring: needs Linux 6.14+ with the `fuse`
-    /// module's `enable_uring` set; the mount fails without it) or `auto` (io-uring when
+    /// How requests travel between the kernel and the daemon: `dev-fuse` or `dev`
+    /// (read/write on /dev/fuse), `io-uring` (FUSE-over-io_uring: needs Linux 6.14+ with the
+    /// `fuse` module's `enable_uring` set; the mount fails without it) or `auto` (io-uring when
     /// the kernel offers it, else dev-fuse, the log saying why). The daemon log names the
     /// one in use. INTENTFS_TRANSPORT sets it too (to run a whole test suite over the ring).
     /// `auto` by default: where root has not set `enable_uring` (it is off unless set)

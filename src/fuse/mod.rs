@@ -735,6 +735,8 @@ impl crate::fs::watch::Invalidate for Inval {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Transport {
     /// `read`/`writev` on /dev/fuse: two system calls and a thread wake-up per request.
+    /// (`dev` for short.)
+    #[value(alias = "dev")]
     DevFuse,
     /// FUSE-over-io_uring (Linux 6.14+, `enable_uring`): a request arrives as an io_uring
     /// completion in a per-CPU queue, its reply goes back with the fetch of the next one.
