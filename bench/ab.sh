@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A/B of two intentfs builds (and passthrough_hp) on the three workloads furthest from the
-# target: `tar x` of a source tree, the edit loop of bench/run.sh, `rm -rf` of the tree.
+# A/B of two intentfs builds (and passthrough_hp) on the workloads furthest from the
+# target: `tar x` of a source tree, the edit loop of bench/run.sh (as `edit_loop`, and as
+# `edit_new` over files whose every version is new to the content store), `rm -rf` of the tree.
 # Every target is mounted once on its own workspace of one fresh ext4 image; the workloads
 # run interleaved, target after target, round after round, so a noisy machine slows them
 # alike. Prints per workload and target the median wall time and the median CPU the daemon
@@ -159,6 +160,12 @@ for ((r = 1; r <= ROUNDS; r++)); do
         us=$(cd "$d/ed" && python3 -I "$tmp/edit.py" loop) || { echo "edit loop failed on $t" >&2; exit 1; }
         c1=$(cpu_ms "$p")
         WALL[edit_loop,$t]+=" $((us / 1000))" CPU[edit_loop,$t]+=" $((c1 - c0))"
+        # The same loop over files no round made before (their versions are new to the store).
+        mkdir -p "$d/en" && (cd "$d/en" && python3 -I "$tmp/edit.py" setup "round $r of ${tmp##*.}") || exit 1
+        c0=$(cpu_ms "$p")
+        us=$(cd "$d/en" && python3 -I "$tmp/edit.py" loop) || { echo "edit loop (new content) failed on $t" >&2; exit 1; }
+        c1=$(cpu_ms "$p")
+        WALL[edit_new,$t]+=" $((us / 1000))" CPU[edit_new,$t]+=" $((c1 - c0))"
         sync
         c0=$(cpu_ms "$p") w0=$(now_ms)
         rm -rf "$d" || { echo "rm -rf failed on $t" >&2; exit 1; }
@@ -170,7 +177,7 @@ median() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{a[NR] = $1} END {print
 printf '%-10s' "wall / CPU"
 for t in "${names[@]}"; do printf ' %22s' "$t"; done
 echo
-for w in tar_x edit_loop rm_rf; do
+for w in tar_x edit_loop edit_new rm_rf; do
     printf '%-10s' "$w"
     for t in "${names[@]}"; do printf ' %22s' "$(median "${WALL[$w,$t]}") / $(median "${CPU[$w,$t]}")"; done
     echo

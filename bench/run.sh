@@ -141,6 +141,8 @@ fi
 
 tmp=$(mktemp -d "${BENCH_DIR:-${TMPDIR:-/tmp}}/intentfs-bench.XXXXXX")
 tmp=$(cd "$tmp" && pwd -P)
+# Names this run in the files edit_new makes (their versions are new to every store).
+RUN_ID=${tmp##*.}
 logs=$tmp/logs res=$tmp/results.tsv
 mkdir -p "$logs" "$tmp/mnt" "$tmp/bmnt"
 : >"$res"
@@ -529,13 +531,16 @@ wl_rm() { rm -rf tree; }
 wl_build() { CARGO_TARGET_DIR=$PWD/target cargo build --offline -q; }
 
 # The edit loop: 200 x (read a file, write it in place, write a temp file and rename it
-# over another). "setup" makes the 20 files it edits; "loop" prints its own time in µs
-# (so python's start-up, the same everywhere, is not counted).
+# over another). "setup [SALT]" makes the 20 files it edits (SALT, when given, heads each
+# file, so every version the loop makes is new to the content store, as an agent's edits
+# are; without it every round makes the versions of the round before); "loop" prints its
+# own time in µs (so python's start-up, the same everywhere, is not counted).
 read -r -d '' EDIT_PY <<'EOF'
 import os, sys, time
 files = ["f%02d.rs" % i for i in range(20)]
 if sys.argv[1] == "setup":
-    body = "".join("pub fn item_%d(x: u64) -> u64 { x.wrapping_mul(%d) ^ 0x5a }\n" % (i, i) for i in range(150))
+    salt = "// %s\n" % sys.argv[2] if len(sys.argv) > 2 else ""
+    body = salt + "".join("pub fn item_%d(x: u64) -> u64 { x.wrapping_mul(%d) ^ 0x5a }\n" % (i, i) for i in range(150))
     for f in files:
         with open(f, "w") as h:
             h.write(body)
@@ -556,7 +561,7 @@ for i in range(200):
     os.rename(q + ".tmp", q)
 print((time.perf_counter_ns() - t0) // 1000)
 EOF
-wl_edit() { python3 -I -c "$EDIT_PY" "$1"; }
+wl_edit() { python3 -I -c "$EDIT_PY" "$@"; }
 
 # A tiny dependency-free crate: one lib of generated code (~1 s of rustc in debug).
 make_crate() {
@@ -639,6 +644,13 @@ for ((r = 1; r <= ROUNDS; r++)); do
         d=${ACC[$tg]}/r$r/edit
         mkdir -p "$d" && (cd "$d" && wl_edit setup) || { fail edit_loop "$tg" "$r" "setup failed" "cd $d && python3"; continue; }
         INNER=1 timed edit_loop "$tg" "$r" "$d" wl_edit loop
+    done
+    # The same loop over files no round made before: every version is new to the store.
+    for tg in "${TARGETS[@]}"; do
+        d=${ACC[$tg]}/r$r/edit_new
+        mkdir -p "$d" && (cd "$d" && wl_edit setup "round $r of run $RUN_ID") ||
+            { fail edit_new "$tg" "$r" "setup failed" "cd $d && python3"; continue; }
+        INNER=1 timed edit_new "$tg" "$r" "$d" wl_edit loop
     done
 
     for tg in "${TARGETS[@]}"; do
@@ -727,9 +739,9 @@ cpu_ms() {
         awk -v t="$TICK" '{ s += $1 } END { if (NR) printf "%.0f", s * 1000 / t / NR; else print "-" }'
 }
 
-declare -A GOAL=([tar_x]=4 [find]=1.5 [du]=1.5 [rg]=2.5 [git_status]=1.5 [git_status_warm]=1.5 [edit_loop]=2.5
+declare -A GOAL=([tar_x]=4 [find]=1.5 [du]=1.5 [rg]=2.5 [git_status]=1.5 [git_status_warm]=1.5 [edit_loop]=2.5 [edit_new]=2.5
     [seq_write]=1.1 [seq_read_cold]=1.1 [seq_read_warm]=1.1 [rm_rf]=3 [build]=1.1)
-WLS=(tar_x find du rg git_status git_status_warm edit_loop seq_write seq_read_cold seq_read_warm rm_rf build)
+WLS=(tar_x find du rg git_status git_status_warm edit_loop edit_new seq_write seq_read_cold seq_read_warm rm_rf build)
 HPS=() && for tg in "${TARGETS[@]}"; do [[ $tg == hp_* ]] && HPS+=("$tg"); done
 # A column as wide as its target's name, at least 8.
 w() { local n=${NAME[$1]}; echo $((${#n} > 7 ? ${#n} + 1 : 8)); }
