@@ -123,6 +123,17 @@ fn file_operations(tm: &TestMount) {
     assert!(std::fs::write(tm.m(LEDGER_REL), "x").is_err());
 }
 
+/// A mount of `hello.txt` with `--transport T`.
+fn mount_over(t: &str) -> TestMount {
+    TestMount::builder()
+        .policy(ALLOW_ALL)
+        .intent("ALL")
+        .arg("--transport")
+        .arg(t)
+        .files(&[("hello.txt", "hi\n")])
+        .mount()
+}
+
 /// `mount.transport` in `.intentfs/status`.
 fn transport_in_status(tm: &TestMount) -> String {
     let text = std::fs::read_to_string(tm.m(".intentfs/status")).unwrap();
@@ -138,13 +149,7 @@ fn io_uring_transport_serves_and_auto_falls_back() {
     };
 
     // io-uring: served by the ring threads.
-    let mut tm = TestMount::builder()
-        .policy(ALLOW_ALL)
-        .intent("ALL")
-        .arg("--transport")
-        .arg("io-uring")
-        .files(&[("hello.txt", "hi\n")])
-        .mount();
+    let mut tm = mount_over("io-uring");
     let log = log_of(&tm);
     assert!(log.contains("transport: io-uring"), "daemon log:\n{log}");
     assert!(
@@ -164,13 +169,7 @@ fn io_uring_transport_serves_and_auto_falls_back() {
     assert!(!is_mounted(&tm.mnt), "still mounted after stop");
 
     // dev (dev-fuse) where the kernel offers the ring: /dev/fuse all the same.
-    let tm = TestMount::builder()
-        .policy(ALLOW_ALL)
-        .intent("ALL")
-        .arg("--transport")
-        .arg("dev")
-        .files(&[("hello.txt", "hi\n")])
-        .mount();
+    let tm = mount_over("dev");
     let log = log_of(&tm);
     assert!(log.contains("transport: /dev/fuse"), "daemon log:\n{log}");
     assert_eq!(transport_in_status(&tm), "/dev/fuse");
@@ -180,13 +179,7 @@ fn io_uring_transport_serves_and_auto_falls_back() {
 
     // auto without the kernel's offer: /dev/fuse, and the log says why.
     param.switch(false);
-    let tm = TestMount::builder()
-        .policy(ALLOW_ALL)
-        .intent("ALL")
-        .arg("--transport")
-        .arg("auto")
-        .files(&[("hello.txt", "hi\n")])
-        .mount();
+    let tm = mount_over("auto");
     let log = log_of(&tm);
     assert!(
         log.contains("transport: /dev/fuse (io-uring unavailable"),
