@@ -146,6 +146,16 @@ cpu_ms() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {pri
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 declare -A WALL CPU
 echo "targets: ${names[*]}; $(tar -tf "$tmp/tree.tar" | wc -l) tar entries; $ROUNDS rounds; $( ((URING)) && echo io_uring || echo /dev/fuse)$( ((PT)) && echo ' + passthrough')${EXTRA[*]:+; mount options: ${EXTRA[*]}}"
+# edit WORKLOAD DIR [SALT]: the edit loop in DIR (its files headed by SALT when given), timed
+# inside python, for target $t (daemon $p).
+edit() {
+    local c0 c1 us
+    mkdir -p "$2" && (cd "$2" && python3 -I "$tmp/edit.py" setup "${@:3}") || exit 1
+    c0=$(cpu_ms "$p")
+    us=$(cd "$2" && python3 -I "$tmp/edit.py" loop) || { echo "$1 failed on $t" >&2; exit 1; }
+    c1=$(cpu_ms "$p")
+    WALL[$1,$t]+=" $((us / 1000))" CPU[$1,$t]+=" $((c1 - c0))"
+}
 for ((r = 1; r <= ROUNDS; r++)); do
     echo "round $r/$ROUNDS" >&2
     for t in "${names[@]}"; do
@@ -155,17 +165,9 @@ for ((r = 1; r <= ROUNDS; r++)); do
         tar -xf "$tmp/tree.tar" -C "$d/tree" || { echo "tar x failed on $t" >&2; exit 1; }
         w1=$(now_ms) c1=$(cpu_ms "$p")
         WALL[tar_x,$t]+=" $((w1 - w0))" CPU[tar_x,$t]+=" $((c1 - c0))"
-        (cd "$d/ed" && python3 -I "$tmp/edit.py" setup) || exit 1
-        c0=$(cpu_ms "$p")
-        us=$(cd "$d/ed" && python3 -I "$tmp/edit.py" loop) || { echo "edit loop failed on $t" >&2; exit 1; }
-        c1=$(cpu_ms "$p")
-        WALL[edit_loop,$t]+=" $((us / 1000))" CPU[edit_loop,$t]+=" $((c1 - c0))"
+        edit edit_loop "$d/ed"
         # The same loop over files no round made before (their versions are new to the store).
-        mkdir -p "$d/en" && (cd "$d/en" && python3 -I "$tmp/edit.py" setup "round $r of ${tmp##*.}") || exit 1
-        c0=$(cpu_ms "$p")
-        us=$(cd "$d/en" && python3 -I "$tmp/edit.py" loop) || { echo "edit loop (new content) failed on $t" >&2; exit 1; }
-        c1=$(cpu_ms "$p")
-        WALL[edit_new,$t]+=" $((us / 1000))" CPU[edit_new,$t]+=" $((c1 - c0))"
+        edit edit_new "$d/en" "round $r of ${tmp##*.}"
         sync
         c0=$(cpu_ms "$p") w0=$(now_ms)
         rm -rf "$d" || { echo "rm -rf failed on $t" >&2; exit 1; }

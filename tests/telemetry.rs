@@ -243,6 +243,20 @@ fn assert_records_match(got: &[Got], ledger: &[Value]) {
     }
 }
 
+/// `counters.otlp` of the mount's status once `until` holds of it (waiting up to 10 s), or a
+/// failure saying `what`, with the last counters read.
+fn otlp_counters(tm: &TestMount, what: &str, until: impl Fn(&Value) -> bool) -> Value {
+    let mut otlp = Value::Null;
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            otlp = tm.status()["counters"]["otlp"].clone();
+            until(&otlp)
+        }),
+        "{what}: {otlp:#}"
+    );
+    otlp
+}
+
 /// The shell work of an agent under INT-002 (docs/, README.md): a create, an edit with
 /// `sed -i`, a rename, a delete, and a refused write outside the scope.
 fn agent_work(tm: &TestMount) {
@@ -275,13 +289,10 @@ fn live_export_sends_one_record_per_ledger_entry() {
     );
     // The collector has the records before the exporter has read its answer: the counter
     // follows within the request's round trip (CI: records there, `exported` still 0).
-    let mut otlp = serde_json::Value::Null;
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            otlp = tm.status()["counters"]["otlp"].clone();
-            otlp["exported"].as_u64().unwrap_or(0) >= n as u64
-        }),
-        "{n} records arrived but fewer were counted as exported: {otlp:#}"
+    let otlp = otlp_counters(
+        &tm,
+        "records arrived but fewer were counted as exported",
+        |o| o["exported"].as_u64().unwrap_or(0) >= n as u64,
     );
     assert_eq!(otlp["endpoint"], format!("{}/v1/logs", rx.base), "{otlp:#}");
     assert_eq!(otlp["dropped"], 0, "{otlp:#}");
@@ -529,14 +540,9 @@ fn a_dead_collector_neither_slows_nor_blocks_the_mount_and_the_loss_is_counted()
         .count();
     assert!(writes >= 200, "the ledger has {writes} WRITEs of d/f*");
     // The loss is visible: records dropped for a full queue, in the status and the log.
-    let mut otlp = Value::Null;
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            otlp = tm.status()["counters"]["otlp"].clone();
-            otlp["dropped"].as_u64().unwrap_or(0) > 0
-        }),
-        "no drop counted: {otlp:#}"
-    );
+    let otlp = otlp_counters(&tm, "no drop counted", |o| {
+        o["dropped"].as_u64().unwrap_or(0) > 0
+    });
     assert_eq!(otlp["exported"], 0, "{otlp:#}");
     let log = std::fs::read_to_string(tm.stderr_path()).unwrap();
     assert!(log.contains("the export queue is full"), "{log}");
@@ -577,13 +583,10 @@ fn a_collector_that_comes_back_gets_the_later_records() {
         .env("OTEL_BLRP_SCHEDULE_DELAY", "100")
         .mount();
     tm.sh_ok("echo 1 > before.txt");
-    let mut otlp = Value::Null;
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            otlp = tm.status()["counters"]["otlp"].clone();
-            otlp["failed"].as_u64().unwrap_or(0) > 0
-        }),
-        "nothing counted as failed with nobody listening: {otlp:#}"
+    let otlp = otlp_counters(
+        &tm,
+        "nothing counted as failed with nobody listening",
+        |o| o["failed"].as_u64().unwrap_or(0) > 0,
     );
     assert!(otlp["last_error"].is_string(), "{otlp:#}");
     let rx = Receiver::on(&format!("127.0.0.1:{port}"));
@@ -597,12 +600,10 @@ fn a_collector_that_comes_back_gets_the_later_records() {
     );
     // The collector has the record before the exporter has read its answer: the counter
     // follows within the request's round trip.
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            otlp = tm.status()["counters"]["otlp"].clone();
-            otlp["exported"].as_u64().unwrap_or(0) > 0
-        }),
-        "the record arrived but nothing was counted as exported: {otlp:#}"
+    otlp_counters(
+        &tm,
+        "the record arrived but nothing was counted as exported",
+        |o| o["exported"].as_u64().unwrap_or(0) > 0,
     );
 }
 
