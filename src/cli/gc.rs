@@ -166,6 +166,17 @@ fn render(r: &Report, log: &std::path::Path) -> String {
             versions(r.reprieved)
         ));
     }
+    if r.packs_unpacked > 0 {
+        s.push_str(&format!(
+            "unpacked {} sealed {} into loose objects first\n",
+            r.packs_unpacked,
+            if r.packs_unpacked == 1 {
+                "pack"
+            } else {
+                "packs"
+            }
+        ));
+    }
     if !r.dry_run && !r.removed.is_empty() {
         s.push_str(&format!("on record in {}\n", log.display()));
     }

@@ -685,6 +685,7 @@ fn serve(plan: Plan, rt: &runtime::RuntimeDir, ready: Option<std::fs::File>) -> 
         anyhow!("content store: {e}\nhint: give --store DIR on a writable filesystem")
     })?);
     store.defer_sync();
+    store.use_packs();
     // Leftovers of puts a killed daemon interrupted (an hour old: not a put running now).
     let _ = store.sweep_temps(Duration::from_secs(3600));
     let synced = store.clone();

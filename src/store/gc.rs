@@ -96,6 +96,8 @@ pub struct Report {
     pub reprieved: usize,
     /// Leftover temporaries of interrupted puts removed.
     pub temps_removed: usize,
+    /// Sealed packs unpacked into loose objects (then removed) before the retention ran.
+    pub packs_unpacked: usize,
 }
 
 /// Apply `retention` to `store`, reading which objects are named from the ledger at
@@ -108,6 +110,10 @@ pub fn gc(
     dry_run: bool,
 ) -> io::Result<Report> {
     let last_ref = last_references(ledger)?;
+    // Packed objects are judged as loose ones: sealed packs are unpacked first (a dry run
+    // judges them in their packs). A pack a daemon is appending to is younger than the
+    // grace; its objects are never removed.
+    let packs_unpacked = if dry_run { 0 } else { store.unpack_sealed()? };
     let objects = store.objects()?;
     let bytes_before: u64 = objects.iter().map(|o| o.disk).sum();
     let objects_before = objects.len();
@@ -134,7 +140,7 @@ pub fn gc(
     let mut removed = Vec::new();
     let mut remaining = bytes_before;
     for (o, t, r) in &aged {
-        let why = if protected(*t) {
+        let why = if protected(*t) || o.in_use {
             continue;
         } else if retention.keep.is_some() {
             Why::Expired
@@ -163,6 +169,7 @@ pub fn gc(
         over_budget_bytes: 0,
         reprieved: 0,
         temps_removed: 0,
+        packs_unpacked,
     };
     for (o, r, why) in removed {
         if !dry_run {

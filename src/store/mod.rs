@@ -6,7 +6,17 @@
 //! blocks, so it costs no copy and no space until the file changes). The name is the
 //! SHA-256 the ledger records (`"sha256:<64 hex>"`), so equal contents are one object.
 //!
-//! An object is complete or absent: written under a temporary name in its directory, then
+//! A mounted daemon appends the small objects it keeps to a pack instead ([`Store::use_packs`]):
+//! `<dir>/packs/<name>.pack`, a header then records of `"IOBJ"`, 4 bytes of flags, the
+//! 32-byte SHA-256 and the frame's length (little-endian u64), each followed by its zstd
+//! frame. One `pwrite` per object instead of a file made, written and renamed; one
+//! `fdatasync` of the pack per group commit instead of a `syncfs` (the edit loop with new
+//! content: 206 → 183 ms). The daemon holds its pack under an exclusive `flock` and seals it
+//! after [`SEAL_AFTER`] (then starts another); `gc` unpacks a sealed pack into loose objects
+//! before it applies the retention ([`Store::unpack_sealed`]), so every rule below holds for
+//! packed objects too. Readers find an object loose or in any pack.
+//!
+//! A loose object is complete or absent: written under a temporary name in its directory, then
 //! renamed into place. A daemon killed at any point leaves either no object or the whole
 //! one (and at worst a `.tmp.*` file, which [`Store::sweep_temps`] removes). Callers write
 //! the object before the ledger entry that names it.
@@ -23,6 +33,7 @@
 //! No knowledge of FUSE, intents or the policy: bytes and hashes in, bytes out.
 
 pub mod gc;
+mod pack;
 
 #[cfg(test)]
 mod tests;
@@ -36,6 +47,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use sha2::{Digest, Sha256};
 
 use crate::ledger::sha256_bytes;
+use pack::lock;
 
 /// zstd level. Objects are compressed on the write path (before the entry naming them),
 /// so speed wins over size: on the benchmark's 24.6 MB of Rust sources, level 1 compresses
@@ -49,6 +61,20 @@ const BUF: usize = 256 * 1024;
 pub const EMPTY: &str = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 /// Prefix of a temporary object name (an interrupted put leaves one behind).
 const TMP_PREFIX: &str = ".tmp.";
+/// The directory of the packs, in the store.
+const PACKS: &str = "packs";
+/// A pack's first bytes.
+const PACK_MAGIC: &[u8; 16] = b"intentfs pack 1\n";
+/// A record's first bytes.
+const RECORD_MAGIC: &[u8; 4] = b"IOBJ";
+/// A record's header: magic, flags (0), SHA-256, the frame's length.
+const RECORD_HEADER: u64 = 4 + 4 + 32 + 8;
+/// Objects larger than this (compressed) stay loose files even when packing.
+const PACK_MAX_OBJECT: usize = 1 << 20;
+/// A daemon's pack is sealed this long after it was started (the next put starts another):
+/// half of gc's [`gc::GRACE`], so every object older than the grace is in a sealed pack,
+/// which gc may unpack.
+pub const SEAL_AFTER: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// How an object is kept on disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,15 +83,38 @@ pub enum Kind {
     Zstd,
     /// A reflink clone of the file (uncompressed, sharing blocks with it).
     Raw,
+    /// A zstd frame in a pack.
+    Packed,
 }
 
 impl Kind {
     fn ext(self) -> &'static str {
         match self {
-            Kind::Zstd => "zst",
+            Kind::Zstd | Kind::Packed => "zst",
             Kind::Raw => "raw",
         }
     }
+}
+
+/// The pack a daemon appends to.
+#[derive(Debug)]
+struct Pack {
+    path: PathBuf,
+    /// Open for writing, under an exclusive `flock` (released when closed): `gc` leaves a
+    /// locked pack alone.
+    file: std::sync::Arc<File>,
+    /// Where the next record goes.
+    end: u64,
+    born: std::time::Instant,
+    /// The objects in it: where each frame starts, and its length.
+    index: std::collections::HashMap<[u8; 32], (u64, u64)>,
+}
+
+/// One pack as a reader found it: its length when scanned, and its records.
+#[derive(Debug, Default)]
+struct Scanned {
+    len: u64,
+    records: Vec<([u8; 32], u64, u64)>,
 }
 
 /// What `put_*` did, for counters and tests.
@@ -107,6 +156,14 @@ pub struct Store {
     deferred: std::sync::atomic::AtomicBool,
     /// Objects were written since the last [`Store::sync`].
     unsynced: std::sync::atomic::AtomicBool,
+    /// Small objects go to a pack ([`Store::use_packs`]).
+    packing: std::sync::atomic::AtomicBool,
+    /// The pack being appended to, once the first object went to one.
+    pack: std::sync::Mutex<Option<Pack>>,
+    /// Records were appended since the last [`Store::sync`].
+    pack_unsynced: std::sync::atomic::AtomicBool,
+    /// The packs readers scanned, by path (rescanned when their length changed).
+    scanned: std::sync::Mutex<std::collections::HashMap<PathBuf, Scanned>>,
     pub counters: Counters,
 }
 
@@ -183,6 +240,10 @@ impl Store {
             reflink: std::sync::atomic::AtomicBool::new(true),
             deferred: std::sync::atomic::AtomicBool::new(false),
             unsynced: std::sync::atomic::AtomicBool::new(false),
+            packing: std::sync::atomic::AtomicBool::new(false),
+            pack: std::sync::Mutex::new(None),
+            pack_unsynced: std::sync::atomic::AtomicBool::new(false),
+            scanned: Default::default(),
             counters: Counters::default(),
         }
     }
@@ -197,9 +258,25 @@ impl Store {
         self.deferred.store(true, Ordering::Relaxed);
     }
 
-    /// Make every object written since the last call durable: one `syncfs` of the store's
-    /// filesystem (nothing when none was written).
+    /// From now on, append small objects to a pack of this process's (see the module's
+    /// documentation) instead of writing a file for each.
+    pub fn use_packs(&self) {
+        self.packing.store(true, Ordering::Relaxed);
+    }
+
+    /// Make every object written since the last call durable: one `fdatasync` of the pack
+    /// appended to, and one `syncfs` of the store's filesystem when loose objects were
+    /// written (nothing when none was written).
     pub fn sync(&self) -> io::Result<()> {
+        if self.pack_unsynced.swap(false, Ordering::AcqRel) {
+            let file = lock(&self.pack).as_ref().map(|p| p.file.clone());
+            if let Some(f) = file {
+                if let Err(e) = f.sync_data() {
+                    self.pack_unsynced.store(true, Ordering::Release);
+                    return Err(e);
+                }
+            }
+        }
         if !self.unsynced.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
@@ -236,9 +313,9 @@ impl Store {
         })
     }
 
-    /// Whether the object for `hash` is present.
+    /// Whether the object for `hash` is present (loose or in a pack).
     pub fn has(&self, hash: &str) -> bool {
-        hash == EMPTY || self.locate(hash).is_some()
+        hash == EMPTY || self.locate(hash).is_some() || self.find_packed(hash).is_some()
     }
 
     /// Whether the object for `hash` is present, refreshing its mtime when it is: a put
@@ -251,6 +328,10 @@ impl Store {
         let Ok(hex) = parse_hash(hash) else {
             return false;
         };
+        // In the pack being appended to: a locked pack, which gc leaves alone.
+        if self.in_own_pack(hex) {
+            return true;
+        }
         let now = rustix::fs::Timespec {
             tv_sec: 0,
             tv_nsec: rustix::fs::UTIME_NOW,
@@ -299,6 +380,16 @@ impl Store {
             return Ok(Put::Present);
         }
         let compressed = compress_bytes(data)?;
+        if self.packing.load(Ordering::Relaxed) && compressed.len() <= PACK_MAX_OBJECT {
+            match self.append_packed(hex, &compressed) {
+                Ok(()) => {
+                    self.count_written(data.len() as u64, compressed.len() as u64, false);
+                    return Ok(Put::Compressed);
+                }
+                // (Kept as a loose object instead; the pack is given up for the next.)
+                Err(e) => tracing::warn!("content store: cannot append to a pack: {e}"),
+            }
+        }
         let (tmp, f) = self.temp(hex)?;
         let r = (|| {
             f.write_all_at(&compressed, 0)?;
@@ -438,19 +529,20 @@ impl Store {
             return Ok(Some(Vec::new()));
         }
         let Some((path, kind)) = self.locate(hash) else {
-            return Ok(None);
+            return self.get_packed(hash);
         };
         let data = match kind {
+            Kind::Packed => unreachable!("locate finds loose objects"),
             Kind::Raw => match fs::read(&path) {
                 Ok(d) => d,
                 // Removed (gc) between locate and read.
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return self.get_packed(hash),
                 Err(e) => return Err(with_path(e, "cannot read object", &path)),
             },
             Kind::Zstd => {
                 let f = match File::open(&path) {
                     Ok(f) => f,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => return self.get_packed(hash),
                     Err(e) => return Err(with_path(e, "cannot read object", &path)),
                 };
                 let mut out = Vec::new();
@@ -472,9 +564,10 @@ impl Store {
         Ok(Some(data))
     }
 
-    /// Every object present: `(hash, path, bytes on disk)`, in no particular order.
+    /// Every object present: `(hash, path, bytes on disk)`, in no particular order. A
+    /// packed object's path is its pack's.
     pub fn objects(&self) -> io::Result<Vec<Object>> {
-        let mut out = Vec::new();
+        let mut out = self.packed_objects()?;
         let top = match fs::read_dir(&self.dir) {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
@@ -513,6 +606,7 @@ impl Store {
                     size: meta.len(),
                     disk: meta.blocks() * 512,
                     mtime: meta.modified().ok(),
+                    in_use: false,
                 });
             }
         }
@@ -635,6 +729,8 @@ pub struct Object {
     /// Bytes it takes on disk (a clone shares its blocks with the file; counted anyway).
     pub disk: u64,
     pub mtime: Option<std::time::SystemTime>,
+    /// In a pack a daemon is appending to: not removable now (see [`SEAL_AFTER`]).
+    pub in_use: bool,
 }
 
 /// Compress `file` (read with `pread` from offset 0 to its end) into `out` as one zstd

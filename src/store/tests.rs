@@ -488,3 +488,214 @@ fn deferred_durability_syncs_once_and_an_empty_object_counts_as_absent() {
         b"synced by the ledger's group commit"
     );
 }
+
+// ----- packs ---------------------------------------------------------------------------
+
+/// A store that packs, as a mounted daemon's.
+fn packing() -> (tempfile::TempDir, Store) {
+    let (d, s) = store();
+    s.defer_sync();
+    s.use_packs();
+    (d, s)
+}
+
+fn packs(s: &Store) -> Vec<PathBuf> {
+    s.pack_paths().unwrap()
+}
+
+#[test]
+fn packed_objects_round_trip_for_this_store_and_any_reader() {
+    let (_d, s) = packing();
+    let a = "fn a() {}\n".repeat(300);
+    let ha = s.put_bytes(a.as_bytes()).unwrap();
+    let hb = s.put_bytes(b"b\n").unwrap();
+    // One pack, no loose object, no temporary.
+    let all = files(s.dir());
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert!(all[0].starts_with(s.dir().join("packs")), "{all:?}");
+    assert_eq!(s.put_bytes_hashed(a.as_bytes(), &ha).unwrap(), Put::Present);
+    assert!(s.has(&ha) && s.touch(&ha));
+    assert_eq!(s.get(&ha).unwrap().unwrap(), a.as_bytes());
+    // Another process's view (a CLI reader) finds both, in the pack in use.
+    let r = Store::open_existing(s.dir()).unwrap().unwrap();
+    assert_eq!(r.get(&hb).unwrap().unwrap(), b"b\n");
+    assert!(r.has(&ha));
+    assert!(!r.has(&sha256_bytes(b"never stored")));
+    assert_eq!(r.get(&sha256_bytes(b"never stored")).unwrap(), None);
+    let listed = r.objects().unwrap();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert!(listed.iter().all(|o| o.kind == Kind::Packed && o.in_use));
+    // Compressed in the pack.
+    assert!(fs::metadata(&packs(&s)[0]).unwrap().len() < a.len() as u64 / 4);
+    // Durable with the group commit: the sync clears what it owed.
+    s.sync().unwrap();
+    assert!(!s.pack_unsynced.load(Ordering::Relaxed));
+    let c = s.put_bytes(b"c").unwrap();
+    assert!(s.pack_unsynced.load(Ordering::Relaxed));
+    s.sync().unwrap();
+    assert!(r.has(&c));
+    // Larger objects stay loose files.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let big: Vec<u8> = (0..3_000_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let hbig = s.put_bytes(&big).unwrap();
+    assert_eq!(s.locate(&hbig).unwrap().1, Kind::Zstd);
+    assert_eq!(r.get(&hbig).unwrap().unwrap(), big);
+}
+
+/// A pack's torn tail (an append a crash cut, a power cut's zeros) hides only the record
+/// it tore; a damaged frame is an error, never wrong content.
+#[test]
+fn a_torn_or_damaged_pack_loses_only_what_it_tore() {
+    let (_d, s) = packing();
+    let h1 = s.put_bytes(b"first\n").unwrap();
+    let h2 = s.put_bytes(&b"second\n".repeat(100)).unwrap();
+    let pack = packs(&s)[0].clone();
+    drop(s);
+    let len = fs::metadata(&pack).unwrap().len();
+    let reader = |p: &Path| {
+        Store::open_existing(p.parent().unwrap().parent().unwrap())
+            .unwrap()
+            .unwrap()
+    };
+    for cut in [len - 1, len - 10, len - 40] {
+        let f = File::options().write(true).open(&pack).unwrap();
+        f.set_len(cut).unwrap();
+        let r = reader(&pack);
+        assert_eq!(r.get(&h1).unwrap().unwrap(), b"first\n");
+        assert_eq!(r.get(&h2).unwrap(), None, "cut at {cut}");
+        assert!(!r.has(&h2));
+        // Zeros where the rest of the record was (a power cut's): never wrong content.
+        f.set_len(len).unwrap();
+        let r = reader(&pack);
+        assert_eq!(r.get(&h1).unwrap().unwrap(), b"first\n");
+        match r.get(&h2) {
+            Ok(None) => assert_eq!(r.objects().unwrap().len(), 1),
+            Ok(Some(b)) => panic!("cut at {cut}: {} bytes of wrong content", b.len()),
+            Err(e) => assert!(e.to_string().contains(".pack"), "{e}"),
+        }
+    }
+    // A flipped byte in the first frame: an error naming the pack.
+    let mut bytes = fs::read(&pack).unwrap();
+    bytes[16 + 48 + 5] ^= 0x55;
+    fs::write(&pack, &bytes).unwrap();
+    let e = reader(&pack).get(&h1).unwrap_err();
+    assert!(e.to_string().contains(".pack"), "{e}");
+}
+
+/// gc unpacks a sealed pack into loose objects (with the pack's time, so none looks
+/// younger or older than it is), then judges them as any; a pack a daemon holds is left
+/// alone, and its objects are never removed.
+#[test]
+fn gc_unpacks_sealed_packs_and_leaves_the_one_in_use() {
+    use super::gc::{gc, Retention};
+    use std::time::{Duration, SystemTime};
+    let (d, s) = packing();
+    let old = s.put_bytes(b"old version\n").unwrap();
+    let kept = s.put_bytes(b"named lately\n").unwrap();
+    let sealed = packs(&s)[0].clone();
+    // The daemon's pack is sealed (as after SEAL_AFTER, or when it exits): another one
+    // takes the next objects.
+    drop(s);
+    let when = SystemTime::now() - Duration::from_secs(40 * 86_400);
+    File::options()
+        .write(true)
+        .open(&sealed)
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+    let daemon = Store::open(&d.path().join("objects")).unwrap();
+    daemon.defer_sync();
+    daemon.use_packs();
+    let young = daemon.put_bytes(b"in the pack in use\n").unwrap();
+    assert_eq!(packs(&daemon).len(), 2);
+    let ledger = d.path().join("ledger.jsonl");
+    fs::write(&ledger, line(chrono::Utc::now(), Some(&kept), None) + "\n").unwrap();
+    // A dry run judges packed objects where they are and changes nothing.
+    let cli = Store::open_existing(&d.path().join("objects"))
+        .unwrap()
+        .unwrap();
+    let keep = Retention {
+        keep: Some(Duration::from_secs(86_400)),
+        max_size: None,
+    };
+    let dry = gc(&cli, &ledger, &keep, SystemTime::now(), true).unwrap();
+    assert_eq!(
+        dry.removed
+            .iter()
+            .map(|r| r.hash.as_str())
+            .collect::<Vec<_>>(),
+        [old.as_str()]
+    );
+    assert_eq!((packs(&cli).len(), dry.packs_unpacked), (2, 0));
+    let r = gc(&cli, &ledger, &keep, SystemTime::now(), false).unwrap();
+    assert_eq!(
+        r.removed
+            .iter()
+            .map(|r| r.hash.as_str())
+            .collect::<Vec<_>>(),
+        [old.as_str()]
+    );
+    assert_eq!(r.packs_unpacked, 1);
+    // The sealed pack is gone, its named object loose with the pack's time; the pack in
+    // use is whole.
+    assert_eq!(packs(&cli), vec![packs(&daemon)[0].clone()]);
+    assert_ne!(packs(&cli)[0], sealed);
+    let (p, kind) = cli.locate(&kept).unwrap();
+    assert_eq!(kind, Kind::Zstd);
+    assert_eq!(fs::metadata(p).unwrap().modified().unwrap(), when);
+    assert_eq!(cli.get(&kept).unwrap().unwrap(), b"named lately\n");
+    assert!(!cli.has(&old));
+    assert_eq!(cli.get(&young).unwrap().unwrap(), b"in the pack in use\n");
+    // Even a budget of nothing removes no object of the pack in use.
+    let none = Retention {
+        keep: None,
+        max_size: Some(0),
+    };
+    let r = gc(
+        &cli,
+        &ledger,
+        &none,
+        SystemTime::now() + Duration::from_secs(3600),
+        false,
+    )
+    .unwrap();
+    assert!(
+        !r.removed.iter().any(|x| x.hash == young),
+        "{:?}",
+        r.removed
+    );
+    assert!(cli.has(&young) && daemon.has(&young));
+}
+
+/// The pack is sealed after SEAL_AFTER: the next put starts another, and the sealed one
+/// is durable and unlocked (gc may unpack it).
+#[test]
+fn a_pack_is_sealed_after_its_time() {
+    let (_d, s) = packing();
+    let a = s.put_bytes(b"a").unwrap();
+    let first = packs(&s)[0].clone();
+    let mut p = lock(&s.pack);
+    let born = &mut p.as_mut().unwrap().born;
+    *born = born.checked_sub(SEAL_AFTER).unwrap();
+    drop(p);
+    let b = s.put_bytes(b"b").unwrap();
+    let now = packs(&s);
+    assert_eq!(now.len(), 2, "{now:?}");
+    let f = File::open(&first).unwrap();
+    assert!(
+        pack::take_lock(&f).unwrap(),
+        "the sealed pack is still locked"
+    );
+    // Content only in the sealed pack is written again to the pack in use (a put never
+    // leans on a pack gc may unpack and remove from under it).
+    assert!(!s.touch(&a));
+    assert_eq!(s.put_bytes_hashed(b"a", &a).unwrap(), Put::Compressed);
+    assert!(s.in_own_pack(parse_hash(&a).unwrap()) && s.in_own_pack(parse_hash(&b).unwrap()));
+}
