@@ -851,8 +851,13 @@ done
 # until `intentfs gc`).
 store=$fs/ws/.orchestration/objects
 if [[ -d $store ]]; then
-    echo "content store ($([[ $VERSIONS == off ]] && echo "versions off" || echo "versions on")): $(find "$store" -type f \( -name '*.zst' -o -name '*.raw' \) | wc -l) objects," \
-        "$(du -sm "$store" | cut -f1) MiB on disk, for $(find "$store" -type f -name '*.zst' -printf '%s\n' | wc -l) zstd frames"
+    # (Objects a mounted daemon kept are in its packs; `gc --dry-run` counts them with the loose
+    # ones.)
+    objects=$("$BIN" gc --dry-run --json --store "$store" "$fs/ws" 2>/dev/null |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["objects_before"])' 2>/dev/null || echo "?")
+    echo "content store ($([[ $VERSIONS == off ]] && echo "versions off" || echo "versions on")): $objects objects," \
+        "$(du -sm "$store" | cut -f1) MiB on disk: $(find "$store" -type f -name '*.pack' | wc -l) packs and" \
+        "$(find "$store" -type f \( -name '*.zst' -o -name '*.raw' \) | wc -l) loose objects"
 fi
 echo "ledger: $(entries) entries"
 if "$BIN" ledger verify --ledger "$ledger" >"$logs/verify.txt" 2>&1; then
