@@ -110,11 +110,12 @@ struct Pack {
     index: std::collections::HashMap<[u8; 32], (u64, u64)>,
 }
 
-/// One pack as a reader found it: its length when scanned, and its records.
+/// One pack as a reader found it: its length when scanned, and where each of its objects'
+/// frames is (offset, length).
 #[derive(Debug, Default)]
 struct Scanned {
     len: u64,
-    records: Vec<([u8; 32], u64, u64)>,
+    records: std::collections::HashMap<[u8; 32], (u64, u64)>,
 }
 
 /// What `put_*` did, for counters and tests.

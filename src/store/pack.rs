@@ -205,26 +205,35 @@ impl Store {
         Ok(out)
     }
 
-    /// `f` of the records of the pack at `path`, scanned again when its length changed
-    /// since the last look. None when it is gone.
+    /// `f` of the objects of the pack at `path` (hash -> frame offset and length), scanned
+    /// again only when its length changed since the last look (one `stat` otherwise). None
+    /// when it is gone.
     fn with_records<R>(
         &self,
         path: &Path,
-        f: impl FnOnce(&[([u8; 32], u64, u64)]) -> R,
+        f: impl FnOnce(&HashMap<[u8; 32], (u64, u64)>) -> R,
     ) -> io::Result<Option<R>> {
-        let use_records = f;
-        let file = match File::open(path) {
-            Ok(f) => f,
+        let len = match fs::metadata(path) {
+            Ok(m) => m.len(),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(with_path(e, "cannot read", path)),
         };
-        let len = file.metadata()?.len();
         let mut seen = lock(&self.scanned);
         if let Some(s) = seen.get(path).filter(|s| s.len == len) {
-            return Ok(Some(use_records(&s.records)));
+            return Ok(Some(f(&s.records)));
         }
-        let records = scan(&file, len).map_err(|e| with_path(e, "cannot read", path))?;
-        let r = use_records(&records);
+        let file = match File::open(path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(with_path(e, "cannot read", path)),
+        };
+        // (Scanned up to the length looked at: a record appended since is found next time.)
+        let records: HashMap<[u8; 32], (u64, u64)> = scan(&file, len)
+            .map_err(|e| with_path(e, "cannot read", path))?
+            .into_iter()
+            .map(|(k, off, n)| (k, (off, n)))
+            .collect();
+        let r = f(&records);
         seen.insert(path.to_path_buf(), Scanned { len, records });
         Ok(Some(r))
     }
@@ -232,18 +241,22 @@ impl Store {
     /// Where `hash`'s frame is in a pack: `(pack, offset, length)`.
     pub(super) fn find_packed(&self, hash: &str) -> Option<(PathBuf, u64, u64)> {
         let key = key_of(parse_hash(hash).ok()?)?;
-        if let Some(p) = lock(&self.pack).as_ref() {
-            if let Some(&(off, n)) = p.index.get(&key) {
-                return Some((p.path.clone(), off, n));
-            }
-        }
-        for path in self.pack_paths().ok()? {
-            let found = self.with_records(&path, |records| {
-                records
-                    .iter()
-                    .find(|(k, _, _)| *k == key)
-                    .map(|&(_, off, n)| (off, n))
-            });
+        let own = match lock(&self.pack).as_ref() {
+            Some(p) => match p.index.get(&key) {
+                Some(&(off, n)) => return Some((p.path.clone(), off, n)),
+                None => Some(p.path.clone()),
+            },
+            None => None,
+        };
+        // (Not the pack this store appends to: its index is whole, and scanning it again
+        // after each append would read it all.)
+        for path in self
+            .pack_paths()
+            .ok()?
+            .into_iter()
+            .filter(|p| Some(p) != own.as_ref())
+        {
+            let found = self.with_records(&path, |records| records.get(&key).copied());
             if let Ok(Some(Some((off, n)))) = found {
                 return Some((path, off, n));
             }
@@ -291,7 +304,10 @@ impl Store {
         let mut seen = std::collections::HashSet::new();
         let own = lock(&self.pack).as_ref().map(|p| p.path.clone());
         for path in self.pack_paths()? {
-            let Some(records) = self.with_records(&path, <[_]>::to_vec)? else {
+            let Some(records) = self.with_records(&path, |r| {
+                r.iter().map(|(k, &(_, n))| (*k, n)).collect::<Vec<_>>()
+            })?
+            else {
                 continue;
             };
             let meta = match fs::metadata(&path) {
@@ -303,7 +319,7 @@ impl Store {
                 || File::open(&path)
                     .and_then(|f| take_lock(&f))
                     .is_ok_and(|free| !free);
-            for (key, _, n) in records {
+            for (key, n) in records {
                 if !seen.insert(key) {
                     continue;
                 }

@@ -521,6 +521,7 @@ fn packed_objects_round_trip_for_this_store_and_any_reader() {
     assert_eq!(r.get(&hb).unwrap().unwrap(), b"b\n");
     assert!(r.has(&ha));
     assert!(!r.has(&sha256_bytes(b"never stored")));
+    assert!(!s.has(&sha256_bytes(b"never stored")));
     assert_eq!(r.get(&sha256_bytes(b"never stored")).unwrap(), None);
     let listed = r.objects().unwrap();
     assert_eq!(listed.len(), 2, "{listed:?}");
