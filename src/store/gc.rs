@@ -110,10 +110,9 @@ pub fn gc(
     dry_run: bool,
 ) -> io::Result<Report> {
     let last_ref = last_references(ledger)?;
-    // Packed objects are judged as loose ones: sealed packs are unpacked first (a dry run
-    // judges them in their packs). A pack a daemon is appending to is younger than the
-    // grace; its objects are never removed.
-    let packs_unpacked = if dry_run { 0 } else { store.unpack_sealed()? };
+    // Packed objects are judged as loose ones (a sealed pack's counted at what a loose copy
+    // takes: gc unpacks what it keeps of them). One a daemon holds a pack of is never
+    // removed.
     let objects = store.objects()?;
     let bytes_before: u64 = objects.iter().map(|o| o.disk).sum();
     let objects_before = objects.len();
@@ -130,8 +129,8 @@ pub fn gc(
             (o, t, r)
         })
         .collect();
-    // Oldest first.
-    aged.sort_by_key(|(_, t, _)| *t);
+    // Oldest first (of the same age, by hash: a dry run says what the run does).
+    aged.sort_by(|(a, ta, _), (b, tb, _)| ta.cmp(tb).then_with(|| a.hash.cmp(&b.hash)));
 
     let protected = |t: SystemTime| {
         let age = now.duration_since(t).unwrap_or(Duration::ZERO);
@@ -169,10 +168,26 @@ pub fn gc(
         over_budget_bytes: 0,
         reprieved: 0,
         temps_removed: 0,
-        packs_unpacked,
+        packs_unpacked: 0,
     };
+    // Sealed packs are unpacked, less the objects removed (left out of the loose copies),
+    // before the loose objects go.
+    let mut dropped = std::collections::HashSet::new();
+    if !dry_run {
+        let drop = removed
+            .iter()
+            .filter(|(o, _, _)| o.kind == super::Kind::Packed)
+            .map(|(o, _, _)| o.hash.clone())
+            .collect();
+        (report.packs_unpacked, dropped) = store.unpack_sealed(&drop)?;
+    }
     for (o, r, why) in removed {
-        if !dry_run {
+        if o.kind == super::Kind::Packed {
+            if !dry_run && !dropped.contains(&o.hash) {
+                // (Its pack went meanwhile: another gc.)
+                continue;
+            }
+        } else if !dry_run {
             match store.remove_unless_used(o, now)? {
                 Removal::Removed => {}
                 Removal::Reused => {
@@ -248,6 +263,10 @@ impl Store {
     /// first (a put after that finds it absent and writes it again), then its mtime read
     /// from the renamed file (a put before that refreshed it: renamed back).
     pub fn remove_unless_used(&self, o: &Object, now: SystemTime) -> io::Result<Removal> {
+        // (A packed object goes when gc unpacks its pack without it: its path is the pack's.)
+        if o.kind == super::Kind::Packed {
+            return Ok(Removal::Reused);
+        }
         // A temporary's name: a crash between the two steps leaves what `sweep_temps`
         // removes later.
         let aside = o.path.with_file_name(format!(

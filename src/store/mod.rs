@@ -12,9 +12,10 @@
 //! frame. One `pwrite` per object instead of a file made, written and renamed; one
 //! `fdatasync` of the pack per group commit instead of a `syncfs` (the edit loop with new
 //! content: 206 → 183 ms). The daemon holds its pack under an exclusive `flock` and seals it
-//! after [`SEAL_AFTER`] (then starts another); `gc` unpacks a sealed pack into loose objects
-//! before it applies the retention ([`Store::unpack_sealed`]), so every rule below holds for
-//! packed objects too. Readers find an object loose or in any pack.
+//! after [`SEAL_AFTER`] (then starts another); `gc` judges packed objects as loose ones and
+//! unpacks a sealed pack into loose objects, less those it removes
+//! ([`Store::unpack_sealed`]), so every rule below holds for packed objects too. Readers
+//! find an object loose or in any pack.
 //!
 //! A loose object is complete or absent: written under a temporary name in its directory, then
 //! renamed into place. A daemon killed at any point leaves either no object or the whole
@@ -47,7 +48,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use sha2::{Digest, Sha256};
 
 use crate::ledger::sha256_bytes;
-use pack::lock;
 
 /// zstd level. Objects are compressed on the write path (before the entry naming them),
 /// so speed wins over size: on the benchmark's 24.6 MB of Rust sources, level 1 compresses
@@ -110,6 +110,12 @@ struct Pack {
     index: std::collections::HashMap<[u8; 32], (u64, u64)>,
 }
 
+/// The packs a store has read, by path.
+#[derive(Debug, Default)]
+struct Scans {
+    packs: std::collections::HashMap<PathBuf, Scanned>,
+}
+
 /// One pack as a reader found it: its length when scanned, and where each of its objects'
 /// frames is (offset, length).
 #[derive(Debug, Default)]
@@ -161,10 +167,13 @@ pub struct Store {
     packing: std::sync::atomic::AtomicBool,
     /// The pack being appended to, once the first object went to one.
     pack: std::sync::Mutex<Option<Pack>>,
-    /// Records were appended since the last [`Store::sync`].
+    /// Records were appended (or a pack sealed) since the last [`Store::sync`].
     pack_unsynced: std::sync::atomic::AtomicBool,
-    /// The packs readers scanned, by path (rescanned when their length changed).
-    scanned: std::sync::Mutex<std::collections::HashMap<PathBuf, Scanned>>,
+    /// Packs sealed and not yet made durable: still locked (gc leaves them alone) until
+    /// [`Store::sync`] has synced them.
+    retired: std::sync::Mutex<Vec<std::sync::Arc<File>>>,
+    /// The packs read, by path (read again when their length changed).
+    scans: std::sync::Mutex<Scans>,
     pub counters: Counters,
 }
 
@@ -244,7 +253,8 @@ impl Store {
             packing: std::sync::atomic::AtomicBool::new(false),
             pack: std::sync::Mutex::new(None),
             pack_unsynced: std::sync::atomic::AtomicBool::new(false),
-            scanned: Default::default(),
+            retired: Default::default(),
+            scans: Default::default(),
             counters: Counters::default(),
         }
     }
@@ -269,15 +279,7 @@ impl Store {
     /// appended to, and one `syncfs` of the store's filesystem when loose objects were
     /// written (nothing when none was written).
     pub fn sync(&self) -> io::Result<()> {
-        if self.pack_unsynced.swap(false, Ordering::AcqRel) {
-            let file = lock(&self.pack).as_ref().map(|p| p.file.clone());
-            if let Some(f) = file {
-                if let Err(e) = f.sync_data() {
-                    self.pack_unsynced.store(true, Ordering::Release);
-                    return Err(e);
-                }
-            }
-        }
+        self.sync_packs()?;
         if !self.unsynced.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
@@ -314,9 +316,13 @@ impl Store {
         })
     }
 
-    /// Whether the object for `hash` is present (loose or in a pack).
+    /// Whether the object for `hash` is present (loose or in a pack; loose looked at again
+    /// after the packs: gc may have unpacked it meanwhile).
     pub fn has(&self, hash: &str) -> bool {
-        hash == EMPTY || self.locate(hash).is_some() || self.find_packed(hash).is_some()
+        hash == EMPTY
+            || self.locate(hash).is_some()
+            || self.find_packed(hash).is_some()
+            || self.locate(hash).is_some()
     }
 
     /// Whether the object for `hash` is present, refreshing its mtime when it is: a put
@@ -529,21 +535,38 @@ impl Store {
         if hash == EMPTY {
             return Ok(Some(Vec::new()));
         }
+        match self.get_loose(hash) {
+            Ok(Some(d)) => Ok(Some(d)),
+            Ok(None) => match self.get_packed(hash)? {
+                Some(d) => Ok(Some(d)),
+                // (gc may have unpacked it between the two looks.)
+                None => self.get_loose(hash),
+            },
+            // A damaged loose copy (an empty one a power cut left): a packed copy may be
+            // whole.
+            Err(e) => match self.get_packed(hash) {
+                Ok(Some(d)) => Ok(Some(d)),
+                _ => Err(e),
+            },
+        }
+    }
+
+    /// [`Store::get`] of a loose object.
+    fn get_loose(&self, hash: &str) -> io::Result<Option<Vec<u8>>> {
         let Some((path, kind)) = self.locate(hash) else {
-            return self.get_packed(hash);
+            return Ok(None);
         };
         let data = match kind {
-            Kind::Packed => unreachable!("locate finds loose objects"),
             Kind::Raw => match fs::read(&path) {
                 Ok(d) => d,
                 // Removed (gc) between locate and read.
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return self.get_packed(hash),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
                 Err(e) => return Err(with_path(e, "cannot read object", &path)),
             },
-            Kind::Zstd => {
+            Kind::Zstd | Kind::Packed => {
                 let f = match File::open(&path) {
                     Ok(f) => f,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => return self.get_packed(hash),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
                     Err(e) => return Err(with_path(e, "cannot read object", &path)),
                 };
                 let mut out = Vec::new();
@@ -568,7 +591,26 @@ impl Store {
     /// Every object present: `(hash, path, bytes on disk)`, in no particular order. A
     /// packed object's path is its pack's.
     pub fn objects(&self) -> io::Result<Vec<Object>> {
-        let mut out = self.packed_objects()?;
+        let mut packed: std::collections::HashMap<String, Object> = self
+            .packed_objects()?
+            .into_iter()
+            .map(|o| (o.hash.clone(), o))
+            .collect();
+        let mut out = self.loose_objects()?;
+        // An object both loose and packed is listed once, as the loose file, in use if a
+        // daemon holds a pack with it.
+        for o in &mut out {
+            if let Some(p) = packed.remove(&o.hash) {
+                o.in_use |= p.in_use;
+            }
+        }
+        out.extend(packed.into_values());
+        Ok(out)
+    }
+
+    /// The loose objects, as [`Store::objects`] lists them.
+    fn loose_objects(&self) -> io::Result<Vec<Object>> {
+        let mut out = Vec::new();
         let top = match fs::read_dir(&self.dir) {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
@@ -727,7 +769,8 @@ pub struct Object {
     pub kind: Kind,
     /// The object file's length.
     pub size: u64,
-    /// Bytes it takes on disk (a clone shares its blocks with the file; counted anyway).
+    /// Bytes it takes on disk (a clone shares its blocks with the file; counted anyway; an
+    /// object of a sealed pack, what its loose copy will take once `gc` unpacked it).
     pub disk: u64,
     pub mtime: Option<std::time::SystemTime>,
     /// In a pack a daemon is appending to: not removable now (see [`SEAL_AFTER`]).

@@ -1,18 +1,25 @@
 //! Packs: the small objects a mounted daemon keeps, appended to one file of its own (see
 //! the store's module documentation for the format), found by every reader, and unpacked
 //! into loose objects by `gc` once sealed.
+//!
+//! A pack is in use while a daemon holds it under an exclusive `flock`: from its making
+//! (under a temporary name, locked before it is renamed into place) until the group commit
+//! after its seal has made it durable. Sealing dates it now (its mtime), so every object
+//! the daemon found in it while it appended there is at least as young as the seal for
+//! `gc`, as a loose object refreshed by [`Store::touch`] is.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
-use std::io;
+use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
 
 use super::{
     parse_hash, with_path, Kind, Object, Pack, Scanned, Store, PACKS, PACK_MAGIC, RECORD_HEADER,
-    RECORD_MAGIC, SEAL_AFTER,
+    RECORD_MAGIC, SEAL_AFTER, TMP_PREFIX,
 };
 
 /// A mutex's guard, whatever a panicking holder left (the data is plain).
@@ -37,13 +44,15 @@ pub(super) fn take_lock(f: &File) -> io::Result<bool> {
 
 /// The records of the pack `f` (`len` bytes long): `(hash, frame offset, frame length)`.
 /// Reading stops at the first record that is not whole (a tail an interrupted append or a
-/// power cut left): what comes before it is read.
+/// power cut left): what comes before it is read. A file that does not start with a pack's
+/// header is an error.
 fn scan(f: &File, len: u64) -> io::Result<Vec<([u8; 32], u64, u64)>> {
     let mut magic = [0u8; 16];
     if len < magic.len() as u64 {
         return Ok(Vec::new());
     }
-    f.read_exact_at(&mut magic, 0)?;
+    let mut r = io::BufReader::with_capacity(256 * 1024, f);
+    r.read_exact(&mut magic)?;
     if &magic != PACK_MAGIC {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -54,7 +63,7 @@ fn scan(f: &File, len: u64) -> io::Result<Vec<([u8; 32], u64, u64)>> {
     let mut off = PACK_MAGIC.len() as u64;
     let mut head = [0u8; RECORD_HEADER as usize];
     while off + RECORD_HEADER <= len {
-        f.read_exact_at(&mut head, off)?;
+        r.read_exact(&mut head)?;
         if &head[..4] != RECORD_MAGIC {
             break;
         }
@@ -69,8 +78,17 @@ fn scan(f: &File, len: u64) -> io::Result<Vec<([u8; 32], u64, u64)>> {
         }
         out.push((key, start, n));
         off = start + n;
+        // (Past the frame: within the buffer when it is there.)
+        let far = i64::try_from(n).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+        r.seek_relative(far)?;
     }
     Ok(out)
+}
+
+/// What a loose copy of an object `n` bytes long takes on disk (whole 4 KiB blocks): what
+/// a sealed pack's object takes once `gc` unpacked it.
+fn loose_disk(n: u64) -> u64 {
+    n.div_ceil(4096).max(1) * 4096
 }
 
 impl Store {
@@ -95,9 +113,8 @@ impl Store {
             .as_ref()
             .is_some_and(|p| p.born.elapsed() >= SEAL_AFTER)
         {
-            // Sealed: durable now, and left to gc (its lock goes with the file).
             if let Some(old) = guard.take() {
-                old.file.sync_data()?;
+                self.retire(old);
             }
         }
         let p = match guard.as_mut() {
@@ -114,7 +131,9 @@ impl Store {
             // No half record stays: cut back, or give the pack up (the next put starts
             // another; readers stop at the torn record anyway).
             if p.file.set_len(p.end).is_err() {
-                guard.take();
+                if let Some(old) = guard.take() {
+                    self.retire(old);
+                }
             }
             return Err(with_path(e, "cannot append to", &self.packs_dir()));
         }
@@ -122,6 +141,56 @@ impl Store {
             .insert(key, (p.end + RECORD_HEADER, compressed.len() as u64));
         p.end += rec.len() as u64;
         self.pack_unsynced.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Seal `old`: dated now, its index kept for lookups, and left locked until the next
+    /// [`Store::sync`] has made it durable (then gc may unpack it).
+    fn retire(&self, old: Pack) {
+        if let Err(e) = old.file.set_modified(SystemTime::now()) {
+            tracing::warn!(
+                "content store: dating the sealed {}: {e}",
+                old.path.display()
+            );
+        }
+        lock(&self.scans).packs.insert(
+            old.path.clone(),
+            Scanned {
+                len: old.end,
+                records: old.index,
+            },
+        );
+        lock(&self.retired).push(old.file);
+        self.pack_unsynced.store(true, Ordering::Release);
+    }
+
+    /// `fdatasync` the pack appended to and every pack sealed since the last call (whose
+    /// locks go once they are durable). An error leaves what failed for the next call.
+    pub(super) fn sync_packs(&self) -> io::Result<()> {
+        if !self.pack_unsynced.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let current = lock(&self.pack).as_ref().map(|p| p.file.clone());
+        let retired = std::mem::take(&mut *lock(&self.retired));
+        let mut failed = Vec::new();
+        let mut first_err = None;
+        for f in current.iter().chain(retired.iter()) {
+            if let Err(e) = f.sync_data() {
+                first_err.get_or_insert(e);
+                failed.push(f.clone());
+            }
+        }
+        if let Some(e) = first_err {
+            // (The pack still appended to is synced again anyway: it is not kept twice.)
+            let cur = current.as_ref();
+            lock(&self.retired).extend(
+                failed
+                    .into_iter()
+                    .filter(|f| cur.is_none_or(|c| !Arc::ptr_eq(c, f))),
+            );
+            self.pack_unsynced.store(true, Ordering::Release);
+            return Err(e);
+        }
         Ok(())
     }
 
@@ -134,7 +203,7 @@ impl Store {
             .mode(0o700)
             .create(&dir)
             .map_err(|e| with_path(e, "cannot create", &dir))?;
-        let secs = std::time::SystemTime::now()
+        let secs = SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         let name = format!(
@@ -142,7 +211,7 @@ impl Store {
             std::process::id(),
             &uuid::Uuid::new_v4().simple().to_string()[..12]
         );
-        let tmp = dir.join(format!("{}{name}", super::TMP_PREFIX));
+        let tmp = dir.join(format!("{TMP_PREFIX}{name}"));
         let path = dir.join(name);
         let file = OpenOptions::new()
             .read(true)
@@ -188,7 +257,7 @@ impl Store {
         })
     }
 
-    /// The packs in the store, by name.
+    /// The packs in the store, by name (not a pack being made).
     pub(super) fn pack_paths(&self) -> io::Result<Vec<PathBuf>> {
         let dir = self.packs_dir();
         let rd = match fs::read_dir(&dir) {
@@ -198,6 +267,7 @@ impl Store {
         };
         let mut out: Vec<PathBuf> = rd
             .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with(TMP_PREFIX))
             .map(|e| e.path())
             .filter(|p| p.extension().is_some_and(|x| x == "pack"))
             .collect();
@@ -205,40 +275,60 @@ impl Store {
         Ok(out)
     }
 
-    /// `f` of the objects of the pack at `path` (hash -> frame offset and length), scanned
-    /// again only when its length changed since the last look (one `stat` otherwise). None
-    /// when it is gone.
-    fn with_records<R>(
-        &self,
-        path: &Path,
-        f: impl FnOnce(&HashMap<[u8; 32], (u64, u64)>) -> R,
-    ) -> io::Result<Option<R>> {
-        let len = match fs::metadata(path) {
-            Ok(m) => m.len(),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(with_path(e, "cannot read", path)),
-        };
-        let mut seen = lock(&self.scanned);
-        if let Some(s) = seen.get(path).filter(|s| s.len == len) {
-            return Ok(Some(f(&s.records)));
-        }
+    /// The records of the pack at `path` (hash -> frame offset and length), read now.
+    /// None when it is gone.
+    fn read_records(path: &Path) -> io::Result<Option<Scanned>> {
         let file = match File::open(path) {
-            Ok(file) => file,
+            Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(with_path(e, "cannot read", path)),
         };
-        // (Scanned up to the length looked at: a record appended since is found next time.)
-        let records: HashMap<[u8; 32], (u64, u64)> = scan(&file, len)
+        let len = file.metadata()?.len();
+        let records = scan(&file, len)
             .map_err(|e| with_path(e, "cannot read", path))?
             .into_iter()
             .map(|(k, off, n)| (k, (off, n)))
             .collect();
-        let r = f(&records);
-        seen.insert(path.to_path_buf(), Scanned { len, records });
-        Ok(Some(r))
+        Ok(Some(Scanned { len, records }))
     }
 
-    /// Where `hash`'s frame is in a pack: `(pack, offset, length)`.
+    /// Look the store's packs over again: the ones gone forgotten, the new ones and those
+    /// that grew read (outside the lock). A pack that cannot be read is remembered empty,
+    /// at its length, with a warning (looked at again when it changes).
+    fn refresh_packs(&self, own: Option<&Path>) {
+        let Ok(paths) = self.pack_paths() else { return };
+        let stale: Vec<PathBuf> = {
+            let mut scans = lock(&self.scans);
+            scans.packs.retain(|p, _| paths.contains(p));
+            paths
+                .iter()
+                .filter(|p| Some(p.as_path()) != own)
+                .filter(|p| {
+                    let len = fs::metadata(p).map(|m| m.len()).ok();
+                    scans.packs.get(*p).map(|s| s.len) != len
+                })
+                .cloned()
+                .collect()
+        };
+        for path in stale {
+            let scanned = match Self::read_records(&path) {
+                Ok(Some(s)) => s,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!("content store: skipping a pack: {e}");
+                    Scanned {
+                        len: fs::metadata(&path).map_or(0, |m| m.len()),
+                        records: HashMap::new(),
+                    }
+                }
+            };
+            lock(&self.scans).packs.insert(path, scanned);
+        }
+    }
+
+    /// Where `hash`'s frame is in a pack: `(pack, offset, length)`. The packs seen before
+    /// are searched first (one `stat` of the pack found); only a miss looks the packs over
+    /// again.
     pub(super) fn find_packed(&self, hash: &str) -> Option<(PathBuf, u64, u64)> {
         let key = key_of(parse_hash(hash).ok()?)?;
         let own = match lock(&self.pack).as_ref() {
@@ -248,20 +338,21 @@ impl Store {
             },
             None => None,
         };
-        // (Not the pack this store appends to: its index is whole, and scanning it again
-        // after each append would read it all.)
-        for path in self
-            .pack_paths()
-            .ok()?
-            .into_iter()
-            .filter(|p| Some(p) != own.as_ref())
-        {
-            let found = self.with_records(&path, |records| records.get(&key).copied());
-            if let Ok(Some(Some((off, n)))) = found {
-                return Some((path, off, n));
+        let search = |store: &Store| {
+            lock(&store.scans)
+                .packs
+                .iter()
+                .filter(|(p, _)| Some(*p) != own.as_ref())
+                .find_map(|(p, s)| s.records.get(&key).map(|&(off, n)| (p.clone(), off, n)))
+        };
+        if let Some(found) = search(self) {
+            // (Still there: gc may have unpacked and removed it since it was read.)
+            if fs::symlink_metadata(&found.0).is_ok() {
+                return Some(found);
             }
         }
-        None
+        self.refresh_packs(own.as_deref());
+        search(self)
     }
 
     /// [`Store::get`] of an object that is not loose: from its pack, checked against its
@@ -273,10 +364,8 @@ impl Store {
         let f = match File::open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return match self.locate(hash) {
-                    Some(_) => self.get(hash),
-                    None => Ok(None),
-                };
+                lock(&self.scans).packs.remove(&path);
+                return self.get_loose(hash);
             }
             Err(e) => return Err(with_path(e, "cannot read", &path)),
         };
@@ -297,52 +386,58 @@ impl Store {
         Ok(Some(data))
     }
 
-    /// Every packed object, as [`Store::objects`] lists them (a hash in several packs,
-    /// once). An object of a pack a daemon is appending to is `in_use`.
+    /// Every packed object, as [`Store::objects`] lists them: a hash in several packs
+    /// once, `in_use` when a daemon holds one of them. An object of a sealed pack counts
+    /// the bytes a loose copy takes (what it takes once `gc` unpacked it). A pack that
+    /// cannot be read is skipped with a warning.
     pub(super) fn packed_objects(&self) -> io::Result<Vec<Object>> {
-        let mut out: Vec<Object> = Vec::new();
-        let mut seen = std::collections::HashSet::new();
+        let mut out: HashMap<[u8; 32], Object> = HashMap::new();
         let own = lock(&self.pack).as_ref().map(|p| p.path.clone());
         for path in self.pack_paths()? {
-            let Some(records) = self.with_records(&path, |r| {
-                r.iter().map(|(k, &(_, n))| (*k, n)).collect::<Vec<_>>()
-            })?
-            else {
-                continue;
+            let scanned = match Self::read_records(&path) {
+                Ok(Some(s)) => s,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!("content store: skipping a pack: {e}");
+                    continue;
+                }
             };
-            let meta = match fs::metadata(&path) {
-                Ok(m) => m,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            };
+            let mtime = fs::metadata(&path).and_then(|m| m.modified()).ok();
             let in_use = own.as_ref() == Some(&path)
                 || File::open(&path)
                     .and_then(|f| take_lock(&f))
                     .is_ok_and(|free| !free);
-            for (key, n) in records {
-                if !seen.insert(key) {
-                    continue;
-                }
-                out.push(Object {
+            for (key, (_, n)) in scanned.records {
+                let o = out.entry(key).or_insert_with(|| Object {
                     hash: format!("sha256:{}", hex::encode(key)),
                     path: path.clone(),
                     kind: Kind::Packed,
-                    size: n + RECORD_HEADER,
-                    disk: n + RECORD_HEADER,
-                    mtime: meta.modified().ok(),
+                    size: n,
+                    disk: if in_use {
+                        n + RECORD_HEADER
+                    } else {
+                        loose_disk(n)
+                    },
+                    mtime,
                     in_use,
                 });
+                // (In use if any copy is; dated by its youngest pack.)
+                o.in_use |= in_use;
+                o.mtime = o.mtime.max(mtime);
             }
         }
-        Ok(out)
+        Ok(out.into_values().collect())
     }
 
-    /// Unpack every sealed pack (one no daemon holds) into loose objects, each with its
-    /// pack's mtime (the time of its last append: no object gets older than it is), made
-    /// durable, then remove the pack. Returns how many packs were unpacked. Run by `gc`
-    /// before it applies the retention, which then judges every object alike.
-    pub fn unpack_sealed(&self) -> io::Result<usize> {
+    /// Unpack every sealed pack (one no daemon holds) and remove it: each object not in
+    /// `drop` becomes a loose object dated with its pack (the pack's last append, or its
+    /// seal), made durable, unless a loose copy is there already (which is dated no older
+    /// than the pack); the objects in `drop` are left out (gc removes them this way).
+    /// Returns how many packs were unpacked and the hashes left out. A pack that cannot be
+    /// read is left as it is, with a warning.
+    pub fn unpack_sealed(&self, drop: &HashSet<String>) -> io::Result<(usize, HashSet<String>)> {
         let mut n = 0;
+        let mut dropped = HashSet::new();
         for path in self.pack_paths()? {
             let f = match OpenOptions::new().read(true).write(true).open(&path) {
                 Ok(f) => f,
@@ -354,11 +449,33 @@ impl Store {
             }
             let meta = f.metadata()?;
             let mtime = meta.modified()?;
-            let records = scan(&f, meta.len()).map_err(|e| with_path(e, "cannot read", &path))?;
+            let records = match scan(&f, meta.len()) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!("content store: leaving {} as it is: {e}", path.display());
+                    continue;
+                }
+            };
             for (key, off, len) in records {
                 let hex = hex::encode(key);
-                if self.locate(&hex).is_some() {
+                if drop.contains(&format!("sha256:{hex}")) {
+                    dropped.insert(format!("sha256:{hex}"));
                     continue;
+                }
+                if let Some((p, _)) = self.locate(&hex) {
+                    // (A whole loose copy: kept, dated no older than its pack. An empty one,
+                    // which a power cut left, is written again.)
+                    if let Ok(m) = fs::metadata(&p) {
+                        if m.len() > 0 {
+                            if m.modified().is_ok_and(|t| t < mtime) {
+                                let _ = File::options()
+                                    .write(true)
+                                    .open(&p)
+                                    .and_then(|lf| lf.set_modified(mtime));
+                            }
+                            continue;
+                        }
+                    }
                 }
                 let mut frame = vec![0u8; len as usize];
                 f.read_exact_at(&mut frame, off)?;
@@ -373,9 +490,9 @@ impl Store {
             // Every object is loose and durable (its directory entry too) before the pack goes.
             File::open(&self.dir).and_then(|d| Ok(rustix::fs::syncfs(&d)?))?;
             fs::remove_file(&path).map_err(|e| with_path(e, "cannot remove", &path))?;
-            lock(&self.scanned).remove(&path);
+            lock(&self.scans).packs.remove(&path);
             n += 1;
         }
-        Ok(n)
+        Ok((n, dropped))
     }
 }

@@ -679,24 +679,186 @@ fn gc_unpacks_sealed_packs_and_leaves_the_one_in_use() {
 /// is durable and unlocked (gc may unpack it).
 #[test]
 fn a_pack_is_sealed_after_its_time() {
+    use std::time::{Duration, SystemTime};
     let (_d, s) = packing();
     let a = s.put_bytes(b"a").unwrap();
     let first = packs(&s)[0].clone();
-    let mut p = lock(&s.pack);
+    // Its last append long ago: the seal dates it now (a put found `a` in it until then).
+    let long_ago = SystemTime::now() - Duration::from_secs(86_400);
+    File::options()
+        .write(true)
+        .open(&first)
+        .unwrap()
+        .set_modified(long_ago)
+        .unwrap();
+    let mut p = pack::lock(&s.pack);
     let born = &mut p.as_mut().unwrap().born;
     *born = born.checked_sub(SEAL_AFTER).unwrap();
     drop(p);
     let b = s.put_bytes(b"b").unwrap();
     let now = packs(&s);
     assert_eq!(now.len(), 2, "{now:?}");
+    let dated = fs::metadata(&first).unwrap().modified().unwrap();
+    assert!(
+        dated > SystemTime::now() - Duration::from_secs(60),
+        "{dated:?}"
+    );
+    // Locked until the group commit made it durable, then left to gc.
     let f = File::open(&first).unwrap();
     assert!(
-        pack::take_lock(&f).unwrap(),
-        "the sealed pack is still locked"
+        !pack::take_lock(&f).unwrap(),
+        "sealed and unsynced, yet unlocked"
     );
+    s.sync().unwrap();
+    assert!(pack::take_lock(&f).unwrap(), "synced, yet still locked");
+    drop(f);
+    // Still found by its owner, without looking the packs over.
+    assert!(s.has(&a));
+    assert_eq!(s.get(&a).unwrap().unwrap(), b"a");
     // Content only in the sealed pack is written again to the pack in use (a put never
     // leans on a pack gc may unpack and remove from under it).
     assert!(!s.touch(&a));
     assert_eq!(s.put_bytes_hashed(b"a", &a).unwrap(), Put::Compressed);
     assert!(s.in_own_pack(parse_hash(&a).unwrap()) && s.in_own_pack(parse_hash(&b).unwrap()));
+}
+
+/// gc removes a packed object by leaving it out of the loose copies it unpacks, never the
+/// pack with it; and a packed object is never handed to the loose removal.
+#[test]
+fn gc_removes_one_packed_object_not_its_pack() {
+    use std::time::SystemTime;
+    let (_d, s) = packing();
+    let x = s.put_bytes(b"x").unwrap();
+    let y = s.put_bytes(b"y").unwrap();
+    drop(s);
+    let cli = Store::open_existing(&_d.path().join("objects"))
+        .unwrap()
+        .unwrap();
+    let listed = cli.objects().unwrap();
+    assert!(listed.iter().all(|o| o.kind == Kind::Packed && !o.in_use));
+    let ox = listed.iter().find(|o| o.hash == x).unwrap();
+    // The loose removal refuses it (its path is the pack's).
+    assert!(matches!(
+        cli.remove_unless_used(ox, SystemTime::now()).unwrap(),
+        super::gc::Removal::Reused
+    ));
+    assert!(packs(&cli).len() == 1 && cli.has(&x));
+    let drop_x = [x.clone()].into_iter().collect();
+    let (n, dropped) = cli.unpack_sealed(&drop_x).unwrap();
+    assert_eq!((n, dropped), (1, drop_x));
+    assert!(packs(&cli).is_empty());
+    assert!(!cli.has(&x));
+    assert_eq!(cli.get(&y).unwrap().unwrap(), b"y");
+}
+
+/// An empty loose file (what a power cut leaves of an object whose data never reached the
+/// disk) hides no packed copy: `get` reads the pack, and gc writes the loose copy again.
+#[test]
+fn an_empty_loose_copy_does_not_hide_a_packed_one() {
+    let (d, s) = packing();
+    let h = s.put_bytes(b"packed and whole\n").unwrap();
+    drop(s);
+    let cli = Store::open_existing(&d.path().join("objects"))
+        .unwrap()
+        .unwrap();
+    let hex = parse_hash(&h).unwrap();
+    let loose = cli.object_path(hex, Kind::Zstd);
+    fs::create_dir_all(loose.parent().unwrap()).unwrap();
+    fs::write(&loose, b"").unwrap();
+    assert_eq!(cli.get(&h).unwrap().unwrap(), b"packed and whole\n");
+    cli.unpack_sealed(&Default::default()).unwrap();
+    assert!(fs::metadata(&loose).unwrap().len() > 0);
+    assert_eq!(cli.get(&h).unwrap().unwrap(), b"packed and whole\n");
+}
+
+/// A dry run says what the real run does, sizes included (a sealed pack's objects are
+/// counted at what their loose copies take once unpacked).
+#[test]
+fn gc_dry_run_and_real_run_agree_on_packed_objects() {
+    use super::gc::{gc, Retention};
+    use std::time::{Duration, SystemTime};
+    let (d, s) = packing();
+    for i in 0..200 {
+        s.put_bytes(format!("object {i}\n").as_bytes()).unwrap();
+    }
+    let pack = packs(&s)[0].clone();
+    drop(s);
+    let old = SystemTime::now() - Duration::from_secs(40 * 86_400);
+    File::options()
+        .write(true)
+        .open(&pack)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let ledger = d.path().join("ledger.jsonl");
+    fs::write(&ledger, "").unwrap();
+    let cli = Store::open_existing(&d.path().join("objects"))
+        .unwrap()
+        .unwrap();
+    let budget = Retention {
+        keep: None,
+        max_size: Some(100_000),
+    };
+    let names = |r: &super::gc::Report| -> Vec<String> {
+        let mut v: Vec<String> = r.removed.iter().map(|x| x.hash.clone()).collect();
+        v.sort();
+        v
+    };
+    let dry = gc(&cli, &ledger, &budget, SystemTime::now(), true).unwrap();
+    let real = gc(&cli, &ledger, &budget, SystemTime::now(), false).unwrap();
+    assert_eq!(names(&dry), names(&real));
+    assert_eq!(
+        (dry.bytes_before, dry.bytes_after),
+        (real.bytes_before, real.bytes_after)
+    );
+    assert!(
+        !real.removed.is_empty() && real.bytes_after <= 100_000,
+        "{real:?}"
+    );
+    // What is left is what the report says: loose now, each one block.
+    let left = cli.objects().unwrap();
+    assert_eq!(left.len(), real.objects_after);
+    assert_eq!(left.iter().map(|o| o.disk).sum::<u64>(), real.bytes_after);
+}
+
+/// A file in `packs/` that is not a pack, or a pack being made, breaks neither readers nor
+/// gc: skipped (and left as it is).
+#[test]
+fn a_malformed_or_unfinished_pack_is_skipped() {
+    use super::gc::{gc, Retention};
+    use std::time::SystemTime;
+    let (d, s) = packing();
+    let h = s.put_bytes(b"fine\n").unwrap();
+    drop(s);
+    let dir = d.path().join("objects/packs");
+    fs::write(
+        dir.join("garbage.pack"),
+        b"this is not a pack at all, not even close",
+    )
+    .unwrap();
+    fs::write(dir.join(".tmp.1-2-3.pack"), PACK_MAGIC).unwrap();
+    let cli = Store::open_existing(&d.path().join("objects"))
+        .unwrap()
+        .unwrap();
+    assert!(!cli
+        .pack_paths()
+        .unwrap()
+        .iter()
+        .any(|p| p.to_string_lossy().contains(".tmp.")));
+    assert_eq!(cli.get(&h).unwrap().unwrap(), b"fine\n");
+    assert!(!cli.has(&sha256_bytes(b"absent")));
+    assert_eq!(cli.objects().unwrap().len(), 1);
+    let ledger = d.path().join("ledger.jsonl");
+    fs::write(&ledger, "").unwrap();
+    let r = gc(
+        &cli,
+        &ledger,
+        &Retention::default(),
+        SystemTime::now(),
+        false,
+    )
+    .unwrap();
+    assert_eq!(r.packs_unpacked, 1);
+    assert!(dir.join("garbage.pack").exists());
+    assert_eq!(cli.get(&h).unwrap().unwrap(), b"fine\n");
 }
