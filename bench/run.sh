@@ -856,8 +856,8 @@ if [[ -d $store ]]; then
     objects=$("$BIN" gc --dry-run --json --store "$store" "$fs/ws" 2>/dev/null |
         python3 -c 'import json, sys; print(json.load(sys.stdin)["objects_before"])' 2>/dev/null || echo "?")
     echo "content store ($([[ $VERSIONS == off ]] && echo "versions off" || echo "versions on")): $objects objects," \
-        "$(du -sm "$store" | cut -f1) MiB on disk: $(find "$store" -type f -name '*.pack' | wc -l) packs and" \
-        "$(find "$store" -type f \( -name '*.zst' -o -name '*.raw' \) | wc -l) loose objects"
+        "$(du -sm "$store" | cut -f1) MiB on disk (packs: $(find "$store" -type f -name '*.pack' | wc -l)," \
+        "loose objects: $(find "$store" -type f \( -name '*.zst' -o -name '*.raw' \) | wc -l))"
 fi
 echo "ledger: $(entries) entries"
 if "$BIN" ledger verify --ledger "$ledger" >"$logs/verify.txt" 2>&1; then
