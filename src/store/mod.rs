@@ -166,14 +166,14 @@ pub struct Store {
     /// Small objects go to a pack ([`Store::use_packs`]).
     packing: std::sync::atomic::AtomicBool,
     /// The pack being appended to, once the first object went to one.
-    pack: std::sync::Mutex<Option<Pack>>,
+    pack: parking_lot::Mutex<Option<Pack>>,
     /// Records were appended (or a pack sealed) since the last [`Store::sync`].
     pack_unsynced: std::sync::atomic::AtomicBool,
     /// Packs sealed and not yet made durable: still locked (gc leaves them alone) until
     /// [`Store::sync`] has synced them.
-    retired: std::sync::Mutex<Vec<std::sync::Arc<File>>>,
+    retired: parking_lot::Mutex<Vec<std::sync::Arc<File>>>,
     /// The packs read, by path (read again when their length changed).
-    scans: std::sync::Mutex<Scans>,
+    scans: parking_lot::Mutex<Scans>,
     pub counters: Counters,
 }
 
@@ -251,7 +251,7 @@ impl Store {
             deferred: std::sync::atomic::AtomicBool::new(false),
             unsynced: std::sync::atomic::AtomicBool::new(false),
             packing: std::sync::atomic::AtomicBool::new(false),
-            pack: std::sync::Mutex::new(None),
+            pack: parking_lot::Mutex::new(None),
             pack_unsynced: std::sync::atomic::AtomicBool::new(false),
             retired: Default::default(),
             scans: Default::default(),
@@ -576,16 +576,7 @@ impl Store {
                 out
             }
         };
-        if sha256_bytes(&data) != format!("sha256:{}", parse_hash(hash)?) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "object {} is damaged: its content does not hash to {hash}",
-                    path.display()
-                ),
-            ));
-        }
-        Ok(Some(data))
+        verified(data, hash, &path).map(Some)
     }
 
     /// Every object present: `(hash, path, bytes on disk)`, in no particular order. A
@@ -818,6 +809,21 @@ fn compress_bytes(data: &[u8]) -> io::Result<Vec<u8>> {
         };
         comp.compress(data)
     })
+}
+
+/// `data`, read from `path` for the object `hash`, when it hashes to that name; a damaged
+/// object is an error naming where it was read, never wrong content.
+fn verified(data: Vec<u8>, hash: &str, path: &Path) -> io::Result<Vec<u8>> {
+    if sha256_bytes(&data) != format!("sha256:{}", parse_hash(hash)?) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "object {hash} in {} is damaged: its content does not hash to its name",
+                path.display()
+            ),
+        ));
+    }
+    Ok(data)
 }
 
 fn with_path(e: io::Error, what: &str, path: &Path) -> io::Error {

@@ -14,18 +14,13 @@ use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::{
-    parse_hash, with_path, Kind, Object, Pack, Scanned, Store, PACKS, PACK_MAGIC, RECORD_HEADER,
-    RECORD_MAGIC, SEAL_AFTER, TMP_PREFIX,
+    parse_hash, verified, with_path, Kind, Object, Pack, Scanned, Store, PACKS, PACK_MAGIC,
+    RECORD_HEADER, RECORD_MAGIC, SEAL_AFTER, TMP_PREFIX,
 };
-
-/// A mutex's guard, whatever a panicking holder left (the data is plain).
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn key_of(hex: &str) -> Option<[u8; 32]> {
     hex::decode(hex).ok()?.try_into().ok()
@@ -98,7 +93,7 @@ impl Store {
 
     /// Whether the object `hex` is in the pack this store appends to.
     pub(super) fn in_own_pack(&self, hex: &str) -> bool {
-        let pack = lock(&self.pack);
+        let pack = self.pack.lock();
         let Some(p) = pack.as_ref() else { return false };
         key_of(hex).is_some_and(|k| p.index.contains_key(&k))
     }
@@ -108,7 +103,7 @@ impl Store {
     /// group commit's [`Store::sync`] makes it durable.
     pub(super) fn append_packed(&self, hex: &str, compressed: &[u8]) -> io::Result<()> {
         let key = key_of(hex).ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
-        let mut guard = lock(&self.pack);
+        let mut guard = self.pack.lock();
         if guard
             .as_ref()
             .is_some_and(|p| p.born.elapsed() >= SEAL_AFTER)
@@ -153,14 +148,14 @@ impl Store {
                 old.path.display()
             );
         }
-        lock(&self.scans).packs.insert(
+        self.scans.lock().packs.insert(
             old.path.clone(),
             Scanned {
                 len: old.end,
                 records: old.index,
             },
         );
-        lock(&self.retired).push(old.file);
+        self.retired.lock().push(old.file);
         self.pack_unsynced.store(true, Ordering::Release);
     }
 
@@ -170,8 +165,8 @@ impl Store {
         if !self.pack_unsynced.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
-        let current = lock(&self.pack).as_ref().map(|p| p.file.clone());
-        let retired = std::mem::take(&mut *lock(&self.retired));
+        let current = self.pack.lock().as_ref().map(|p| p.file.clone());
+        let retired = std::mem::take(&mut *self.retired.lock());
         let mut failed = Vec::new();
         let mut first_err = None;
         for f in current.iter().chain(retired.iter()) {
@@ -183,7 +178,7 @@ impl Store {
         if let Some(e) = first_err {
             // (The pack still appended to is synced again anyway: it is not kept twice.)
             let cur = current.as_ref();
-            lock(&self.retired).extend(
+            self.retired.lock().extend(
                 failed
                     .into_iter()
                     .filter(|f| cur.is_none_or(|c| !Arc::ptr_eq(c, f))),
@@ -298,7 +293,7 @@ impl Store {
     fn refresh_packs(&self, own: Option<&Path>) {
         let Ok(paths) = self.pack_paths() else { return };
         let stale: Vec<PathBuf> = {
-            let mut scans = lock(&self.scans);
+            let mut scans = self.scans.lock();
             scans.packs.retain(|p, _| paths.contains(p));
             paths
                 .iter()
@@ -322,7 +317,7 @@ impl Store {
                     }
                 }
             };
-            lock(&self.scans).packs.insert(path, scanned);
+            self.scans.lock().packs.insert(path, scanned);
         }
     }
 
@@ -331,7 +326,7 @@ impl Store {
     /// again.
     pub(super) fn find_packed(&self, hash: &str) -> Option<(PathBuf, u64, u64)> {
         let key = key_of(parse_hash(hash).ok()?)?;
-        let own = match lock(&self.pack).as_ref() {
+        let own = match self.pack.lock().as_ref() {
             Some(p) => match p.index.get(&key) {
                 Some(&(off, n)) => return Some((p.path.clone(), off, n)),
                 None => Some(p.path.clone()),
@@ -339,7 +334,9 @@ impl Store {
             None => None,
         };
         let search = |store: &Store| {
-            lock(&store.scans)
+            store
+                .scans
+                .lock()
                 .packs
                 .iter()
                 .filter(|(p, _)| Some(*p) != own.as_ref())
@@ -364,7 +361,7 @@ impl Store {
         let f = match File::open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                lock(&self.scans).packs.remove(&path);
+                self.scans.lock().packs.remove(&path);
                 return self.get_loose(hash);
             }
             Err(e) => return Err(with_path(e, "cannot read", &path)),
@@ -374,16 +371,7 @@ impl Store {
             .map_err(|e| with_path(e, "cannot read", &path))?;
         let data = zstd::stream::decode_all(&frame[..])
             .map_err(|e| with_path(e, "cannot decompress an object of", &path))?;
-        if crate::ledger::sha256_bytes(&data) != format!("sha256:{}", parse_hash(hash)?) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "object {hash} in {} is damaged: its content does not hash to its name",
-                    path.display()
-                ),
-            ));
-        }
-        Ok(Some(data))
+        verified(data, hash, &path).map(Some)
     }
 
     /// Every packed object, as [`Store::objects`] lists them: a hash in several packs
@@ -392,7 +380,7 @@ impl Store {
     /// cannot be read is skipped with a warning.
     pub(super) fn packed_objects(&self) -> io::Result<Vec<Object>> {
         let mut out: HashMap<[u8; 32], Object> = HashMap::new();
-        let own = lock(&self.pack).as_ref().map(|p| p.path.clone());
+        let own = self.pack.lock().as_ref().map(|p| p.path.clone());
         for path in self.pack_paths()? {
             let scanned = match Self::read_records(&path) {
                 Ok(Some(s)) => s,
@@ -490,7 +478,7 @@ impl Store {
             // Every object is loose and durable (its directory entry too) before the pack goes.
             File::open(&self.dir).and_then(|d| Ok(rustix::fs::syncfs(&d)?))?;
             fs::remove_file(&path).map_err(|e| with_path(e, "cannot remove", &path))?;
-            lock(&self.scans).packs.remove(&path);
+            self.scans.lock().packs.remove(&path);
             n += 1;
         }
         Ok((n, dropped))

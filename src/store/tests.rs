@@ -307,14 +307,18 @@ fn line(ts: chrono::DateTime<chrono::Utc>, content: Option<&str>, prev: Option<&
     .to_string()
 }
 
-fn age(s: &Store, hash: &str, t: std::time::SystemTime) {
-    let (p, _) = s.locate(hash).unwrap();
+/// Set the mtime of the file at `p` (an object, a pack).
+fn set_mtime(p: &Path, t: std::time::SystemTime) {
     File::options()
         .write(true)
         .open(p)
         .unwrap()
         .set_modified(t)
         .unwrap();
+}
+
+fn age(s: &Store, hash: &str, t: std::time::SystemTime) {
+    set_mtime(&s.locate(hash).unwrap().0, t);
 }
 
 #[test]
@@ -605,12 +609,7 @@ fn gc_unpacks_sealed_packs_and_leaves_the_one_in_use() {
     // takes the next objects.
     drop(s);
     let when = SystemTime::now() - Duration::from_secs(40 * 86_400);
-    File::options()
-        .write(true)
-        .open(&sealed)
-        .unwrap()
-        .set_modified(when)
-        .unwrap();
+    set_mtime(&sealed, when);
     let daemon = Store::open(&d.path().join("objects")).unwrap();
     daemon.defer_sync();
     daemon.use_packs();
@@ -685,13 +684,8 @@ fn a_pack_is_sealed_after_its_time() {
     let first = packs(&s)[0].clone();
     // Its last append long ago: the seal dates it now (a put found `a` in it until then).
     let long_ago = SystemTime::now() - Duration::from_secs(86_400);
-    File::options()
-        .write(true)
-        .open(&first)
-        .unwrap()
-        .set_modified(long_ago)
-        .unwrap();
-    let mut p = pack::lock(&s.pack);
+    set_mtime(&first, long_ago);
+    let mut p = s.pack.lock();
     let born = &mut p.as_mut().unwrap().born;
     *born = born.checked_sub(SEAL_AFTER).unwrap();
     drop(p);
@@ -784,12 +778,7 @@ fn gc_dry_run_and_real_run_agree_on_packed_objects() {
     let pack = packs(&s)[0].clone();
     drop(s);
     let old = SystemTime::now() - Duration::from_secs(40 * 86_400);
-    File::options()
-        .write(true)
-        .open(&pack)
-        .unwrap()
-        .set_modified(old)
-        .unwrap();
+    set_mtime(&pack, old);
     let ledger = d.path().join("ledger.jsonl");
     fs::write(&ledger, "").unwrap();
     let cli = Store::open_existing(&d.path().join("objects"))
