@@ -59,6 +59,13 @@ impl Drop for StaleGuard<'_> {
     }
 }
 
+/// The entries a file owes (see [`InodeTable::owe`]): how many, and whose.
+struct Owing {
+    n: u32,
+    /// The identity whose changes every one of them records (`None`: more than one).
+    by: Option<String>,
+}
+
 /// One backing inode known to the kernel.
 pub struct Node {
     /// The id the kernel knows this node by (also reported as `st_ino`).
@@ -190,7 +197,7 @@ pub struct InodeTable {
     stale_locks: StaleLocks,
     /// Files whose close was answered before its entry was written (see
     /// [`super::recorder`]): a stale-checked change of one waits until its entry is on record.
-    pending: Mutex<HashMap<(u64, u64), u32>>,
+    pending: Mutex<HashMap<(u64, u64), Owing>>,
     /// Entries owed in `pending`, summed: read without its lock, so a stale-checked change
     /// with none owed (always, with `--record sync`) takes no mount-wide lock.
     owed: AtomicUsize,
@@ -597,23 +604,53 @@ impl InodeTable {
     /// close being hashed, holds up no other file; taken in a fixed order, so holding
     /// several never deadlocks).
     pub fn stale_locks(&self, keys: &[(u64, u64)]) -> Vec<StaleGuard<'_>> {
+        self.stale_locks_owing(keys, &[], "").0
+    }
+
+    /// [`InodeTable::stale_locks`], where the files in `own` may still owe entries when all
+    /// of them record identity `by`'s changes (an edit by rename of a file it has just
+    /// closed, see `Fs::rename`): true when one of them does (the caller then owes its own
+    /// entry after theirs, see [`InodeTable::owe_held`]).
+    pub fn stale_locks_owing(
+        &self,
+        keys: &[(u64, u64)],
+        own: &[(u64, u64)],
+        by: &str,
+    ) -> (Vec<StaleGuard<'_>>, bool) {
+        // A file whose entry is still being written by the recorder is not changed before
+        // it is on record (the recorder itself records in order, and passes).
+        // (An entry owed for one of `keys` was counted under its lock, held here, except
+        // a release's (`owe_now`): one counted meanwhile is for a release the kernel sent
+        // on its own, which nothing the agent did after it depends on, and whose work
+        // waits for this lock anyway.)
+        let recorder = super::recorder::is_recorder();
+        let waits = |pending: &HashMap<(u64, u64), Owing>| {
+            keys.iter().any(|k| {
+                pending.get(k).is_some_and(|o| {
+                    !(own.contains(k) && !by.is_empty() && o.by.as_deref() == Some(by))
+                })
+            })
+        };
         loop {
+            // Waited for before the locks are taken, not while holding them: the recorder
+            // takes the same locks to record what is owed.
+            if !recorder && self.owed.load(Ordering::Acquire) != 0 {
+                let mut pending = self.pending.lock();
+                while waits(&pending) {
+                    self.recorded.wait(&mut pending);
+                }
+            }
             let guards = self.lock_keys(keys);
-            // A file whose entry is still being written by the recorder is not changed
-            // before it is on record (the recorder itself records in order, and passes).
-            // (An entry owed for one of `keys` was counted under its lock, held here, except
-            // a release's (`owe_now`): one counted meanwhile is for a release the kernel sent
-            // on its own, which nothing the agent did after it depends on, and whose work
-            // waits for this lock anyway.)
-            if super::recorder::is_recorder() || self.owed.load(Ordering::Acquire) == 0 {
-                return guards;
+            if recorder || self.owed.load(Ordering::Acquire) == 0 {
+                return (guards, false);
             }
-            let mut pending = self.pending.lock();
-            if !keys.iter().any(|k| pending.contains_key(k)) {
-                return guards;
+            let pending = self.pending.lock();
+            if !waits(&pending) {
+                let owing = own.iter().any(|k| pending.contains_key(k));
+                return (guards, owing);
             }
+            drop(pending);
             drop(guards);
-            self.recorded.wait(&mut pending);
         }
     }
 
@@ -634,12 +671,35 @@ impl InodeTable {
             .collect()
     }
 
-    /// Mark `key`'s entry as owed: stale-checked changes of it wait until
-    /// [`InodeTable::settle`]. Taken under the file's stale lock, so a change already
-    /// under way finishes first (an entry already owed is not waited for: this one is
-    /// queued after it).
-    pub fn owe(&self, key: (u64, u64)) {
-        self.owe_with(key, || ());
+    /// Count one more entry owed for `key`, recording `by`'s changes.
+    fn add_owed(&self, key: (u64, u64), by: &str) {
+        let mut pending = self.pending.lock();
+        match pending.get_mut(&key) {
+            Some(o) => {
+                o.n += 1;
+                if o.by.as_deref() != Some(by) {
+                    o.by = None;
+                }
+            }
+            None => {
+                pending.insert(
+                    key,
+                    Owing {
+                        n: 1,
+                        by: Some(by.to_owned()),
+                    },
+                );
+            }
+        }
+        self.owed.fetch_add(1, Ordering::Release);
+    }
+
+    /// Mark `key`'s entry (of a change by identity `by`) as owed: stale-checked changes of
+    /// it wait until [`InodeTable::settle`]. Taken under the file's stale lock, so a change
+    /// already under way finishes first (an entry already owed is not waited for: this one
+    /// is queued after it).
+    pub fn owe(&self, key: (u64, u64), by: &str) {
+        self.owe_with(key, by, || ());
     }
 
     /// [`InodeTable::owe`] without waiting for a change of the file under way: for a
@@ -649,33 +709,41 @@ impl InodeTable {
     /// Taking the lock here held up the serving thread, and every request queued behind
     /// the release on it, while the recorder hashed and recorded the close before (the
     /// edit loop: a `GETATTR` took 25 µs instead of 10).
-    pub fn owe_now(&self, key: (u64, u64)) {
-        *self.pending.lock().entry(key).or_default() += 1;
-        self.owed.fetch_add(1, Ordering::Release);
+    pub fn owe_now(&self, key: (u64, u64), by: &str) {
+        self.add_owed(key, by);
+    }
+
+    /// [`InodeTable::owe`] by a caller that holds the stale locks of `keys` already
+    /// ([`InodeTable::stale_locks_owing`]).
+    pub fn owe_held(&self, keys: &[(u64, u64)], by: &str) {
+        for &k in keys {
+            self.add_owed(k, by);
+        }
     }
 
     /// [`InodeTable::owe`], running `f` under the file's stale lock first (what the entry
     /// will name, taken where no rename of the file can come between).
-    pub fn owe_with<T>(&self, key: (u64, u64), f: impl FnOnce() -> T) -> T {
+    pub fn owe_with<T>(&self, key: (u64, u64), by: &str, f: impl FnOnce() -> T) -> T {
         let _g = self.lock_keys(&[key]);
         let t = f();
-        *self.pending.lock().entry(key).or_default() += 1;
-        self.owed.fetch_add(1, Ordering::Release);
+        self.add_owed(key, by);
         t
     }
 
     /// The entry owed for `key` is on record (or given up).
     pub fn settle(&self, key: (u64, u64)) {
         let mut pending = self.pending.lock();
-        if let Some(n) = pending.get_mut(&key) {
-            *n -= 1;
-            self.owed.fetch_sub(1, Ordering::Release);
-            if *n == 0 {
-                pending.remove(&key);
-            }
+        let Some(o) = pending.get_mut(&key) else {
+            return;
+        };
+        o.n -= 1;
+        self.owed.fetch_sub(1, Ordering::Release);
+        // (Only a file that owes nothing more lets a waiter go.)
+        if o.n == 0 {
+            pending.remove(&key);
+            drop(pending);
+            self.recorded.notify_all();
         }
-        drop(pending);
-        self.recorded.notify_all();
     }
 
     /// Wait until no entry is owed for `key`.
@@ -719,6 +787,63 @@ impl InodeTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file owing entries of one identity's changes lets that identity's rename through
+    /// (told it owes), and no one else: another identity, or entries of two identities,
+    /// wait until they are settled.
+    #[test]
+    fn only_the_owing_identity_passes_entries_owed() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = sys::open_root(dir.path()).unwrap();
+        let t = Arc::new(InodeTable::new(root, 64).unwrap());
+        let key = (7, 42);
+        let other = (7, 43);
+        t.owe_now(key, "agent-a");
+        let (g, owing) = t.stale_locks_owing(&[key, other], &[key], "agent-a");
+        assert!(owing, "the owing identity is told it passes entries owed");
+        drop(g);
+        // Not allowed for this key: any other file's lock with nothing owed passes.
+        let (g, owing) = t.stale_locks_owing(&[other], &[other], "agent-a");
+        assert!(!owing);
+        drop(g);
+        // Another identity (and a plain stale lock) waits for the settle.
+        for by in ["agent-b", ""] {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let t2 = t.clone();
+            let who = by.to_owned();
+            let h = std::thread::spawn(move || {
+                let (_g, owing) = t2.stale_locks_owing(&[key], &[key], &who);
+                tx.send(owing).unwrap();
+            });
+            assert!(
+                rx.recv_timeout(std::time::Duration::from_millis(200))
+                    .is_err(),
+                "{by:?} passed an entry another identity owes"
+            );
+            t.settle(key);
+            assert!(!rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap());
+            h.join().unwrap();
+            t.owe_now(key, "agent-a");
+        }
+        // Owed by two identities: even one of them waits.
+        t.owe_now(key, "agent-b");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t2 = t.clone();
+        let h = std::thread::spawn(move || {
+            let (_g, owing) = t2.stale_locks_owing(&[key], &[key], "agent-a");
+            tx.send(owing).unwrap();
+        });
+        assert!(rx
+            .recv_timeout(std::time::Duration::from_millis(200))
+            .is_err());
+        t.settle(key);
+        assert!(rx
+            .recv_timeout(std::time::Duration::from_millis(200))
+            .is_err());
+        t.settle(key);
+        assert!(!rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap());
+        h.join().unwrap();
+    }
 
     /// Files made and forgotten (`tar x` then `rm -rf`, all day): the table's memory
     /// stays bounded by what the kernel references.

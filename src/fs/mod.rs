@@ -77,6 +77,15 @@ pub struct Owed {
     pub bytes: u64,
 }
 
+/// An edit by rename whose entry is written after its reply: the content it replaced and
+/// the content it put there, read before the rename, and their hashes `(new, old)`; kept
+/// in the store and compared for the lines that changed by the job that writes the entry.
+pub(crate) struct Kept {
+    pub old: Vec<u8>,
+    pub new: Vec<u8>,
+    pub versions: (Option<String>, Option<String>),
+}
+
 /// Room on the recorder for the entry of a change about to be made ([`Fs::defer_slot`]),
 /// given back if the change records nothing.
 pub(crate) struct Slot {
@@ -305,6 +314,15 @@ pub struct Fs {
     pub(crate) recorder: std::sync::OnceLock<recorder::Recorder>,
     /// This filesystem, for the recorder's jobs (set by [`Fs::start_recorder`]).
     me: std::sync::OnceLock<std::sync::Weak<Fs>>,
+    /// The paths named by renames answered before their entry (see `Fs::rename`), with
+    /// how many: an entry about to be written now that names one of them waits for theirs.
+    deferred_paths: Mutex<HashMap<PathBuf, u32>>,
+    /// Signalled when a deferred rename's entry is on record.
+    deferred_done: parking_lot::Condvar,
+    /// Renames answered before their entry, not yet on record (`deferred_paths`' count).
+    deferred_renames: std::sync::atomic::AtomicUsize,
+    /// Renames answered before their entry since the mount (`.intentfs/status`).
+    pub(crate) renames_deferred: AtomicU64,
 }
 
 impl Fs {
@@ -341,6 +359,10 @@ impl Fs {
             versions: versions::Versions::default(),
             recorder: std::sync::OnceLock::new(),
             me: std::sync::OnceLock::new(),
+            deferred_paths: Mutex::new(HashMap::new()),
+            deferred_done: parking_lot::Condvar::new(),
+            deferred_renames: std::sync::atomic::AtomicUsize::new(0),
+            renames_deferred: AtomicU64::new(0),
         })
     }
 
@@ -668,6 +690,21 @@ impl Fs {
         rel: &Path,
         mut draft: Draft,
     ) -> Result<()> {
+        // A rename answered before its entry, naming this path: its entry comes first.
+        // (Waited for alone, not with the jobs queued before it, which may need a stale
+        // lock the caller holds; bounded, so no pattern of locks can hang a request on it.)
+        if self.deferred_renames.load(Ordering::Acquire) != 0 && !recorder::is_recorder() {
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            let mut paths = self.deferred_paths.lock();
+            while paths.contains_key(rel)
+                || draft.from.as_ref().is_some_and(|f| paths.contains_key(f))
+            {
+                if self.deferred_done.wait_until(&mut paths, until).timed_out() {
+                    tracing::warn!(path = %rel.display(), "an entry naming a path renamed before it waited 2 s for the rename's entry: written now");
+                    break;
+                }
+            }
+        }
         // Every content hash the entry names resolves in the store, or the entry says why.
         self.note_versions(rel, &mut draft);
         self.gate
@@ -732,7 +769,7 @@ impl Fs {
         let intent = ident.intent();
         let (ident, caller, rel) = (ident.clone(), *caller, rel.to_path_buf());
         let key = slot.key;
-        self.table.owe(key);
+        self.table.owe(key, &ident.key);
         let bytes = std::mem::take(&mut slot.bytes);
         slot.fs.record_later(rec, Some(key), bytes, move |fs| {
             fs.note_versions(&rel, &mut draft);
@@ -784,6 +821,103 @@ impl Fs {
             return None;
         }
         Some((rec, self.me.get()?.upgrade()?))
+    }
+
+    /// `--record async`, off the recorder's own thread, with a ledger that can be written:
+    /// room on the recorder for the `RENAME` entry of `from` to `to` by `ident`, to be
+    /// written after the rename's reply (see `Fs::rename`); `key`: the file renamed.
+    pub(crate) fn rename_slot(
+        &self,
+        ident: &Identity,
+        from: &Path,
+        to: &Path,
+        key: (u64, u64),
+    ) -> Option<Slot> {
+        let rec = self.recorder.get()?;
+        if recorder::is_recorder()
+            || self
+                .gate
+                .ledger
+                .as_ref()
+                .is_some_and(|l| l.health().is_err())
+        {
+            return None;
+        }
+        let fs = self.me.get()?.upgrade()?;
+        let bytes = Fs::entry_bytes([from, to], ident) + crate::ledger::ranges::RANGES_BYTES;
+        rec.take(bytes, self.deferrable_bytes())
+            .then(|| Slot { bytes, fs, key })
+    }
+
+    /// Queue the entry of a rename already made, answered before it is written: the
+    /// renamed file and both names (`keys`, their stale locks held by the caller) owe it,
+    /// and an entry naming either path waits for it (see [`Fs::record`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn record_rename_later(
+        &self,
+        mut slot: Slot,
+        keys: Vec<(u64, u64)>,
+        ident: &Arc<Identity>,
+        caller: &Caller,
+        (from, to): (PathBuf, PathBuf),
+        mut draft: Draft,
+        keep: Option<Kept>,
+    ) {
+        let Some(rec) = self.recorder.get() else {
+            return;
+        };
+        self.table.owe_held(&keys, &ident.key);
+        {
+            let mut paths = self.deferred_paths.lock();
+            *paths.entry(from.clone()).or_default() += 1;
+            *paths.entry(to.clone()).or_default() += 1;
+            self.deferred_renames.fetch_add(1, Ordering::AcqRel);
+        }
+        self.renames_deferred.fetch_add(1, Ordering::Relaxed);
+        if draft.agent.is_none() {
+            draft.agent = Some(self.gate.agent(ident, caller));
+        }
+        let intent = ident.intent();
+        let (ident, caller) = (ident.clone(), *caller);
+        let bytes = std::mem::take(&mut slot.bytes);
+        let fs = slot.fs.clone();
+        drop(slot);
+        rec.queue_held(
+            Box::new(move || {
+                if let Some(k) = keep {
+                    if let (Some(hn), Some(ho)) = &k.versions {
+                        fs.keep_bytes(&to, &k.old, ho);
+                        fs.keep_bytes(&to, &k.new, hn);
+                    }
+                    draft.ranges = crate::ledger::changed_ranges(&k.old, &k.new);
+                }
+                fs.note_versions(&to, &mut draft);
+                if let Err(e) =
+                    fs.gate
+                        .record_as(&ident, &caller, MutationType::Rename, &to, draft, intent)
+                {
+                    fs.on_ledger_failure(&e);
+                    fs.rec_failed("a rename", &to, &e);
+                }
+                {
+                    let mut paths = fs.deferred_paths.lock();
+                    for p in [&from, &to] {
+                        if let Some(n) = paths.get_mut(p) {
+                            *n -= 1;
+                            if *n == 0 {
+                                paths.remove(p);
+                            }
+                        }
+                    }
+                    fs.deferred_renames.fetch_sub(1, Ordering::AcqRel);
+                }
+                fs.deferred_done.notify_all();
+                for k in keys {
+                    fs.table.settle(k);
+                }
+            }),
+            bytes,
+        );
     }
 
     /// Handles on files deleted outside the mount would keep their space allocated on the

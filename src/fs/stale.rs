@@ -240,13 +240,7 @@ impl Fs {
         // `copy_file_range`, a truncation through the handle): whatever the views say, the
         // difference is the identity's own doing, and it never goes stale against itself
         // (rust-lld truncates its output, fills it through `mmap`, then renames it).
-        let own = self
-            .last_writer
-            .lock()
-            .get(&(st.st_dev, st.st_ino))
-            .is_some_and(|(k, s)| *k == ident.key && *s == race_stamp(st))
-            || self.pt_holds(ident, st.st_dev, st.st_ino);
-        if own {
+        if self.own_last_change(ident, st) {
             if let Some(h) = hash_now() {
                 for (vrel, seen) in &views {
                     if let Some((pid, _)) = seen {
@@ -295,6 +289,17 @@ impl Fs {
             ident.saw(vrel, pid, s);
         }
         Ok(())
+    }
+
+    /// Whether the file behind `st` is exactly as `ident`'s own last write through an open
+    /// handle left it, or `ident` holds it open for writing with kernel passthrough (see
+    /// [`Fs::pt_holds`]): the stale checks never find it stale against `ident`.
+    pub(crate) fn own_last_change(&self, ident: &Identity, st: &sys::Stat) -> bool {
+        self.last_writer
+            .lock()
+            .get(&(st.st_dev, st.st_ino))
+            .is_some_and(|(k, s)| *k == ident.key && *s == race_stamp(st))
+            || self.pt_holds(ident, st.st_dev, st.st_ino)
     }
 
     /// The stale check for `parent_fd/name` (unlink, rename), whose stat `st` the caller

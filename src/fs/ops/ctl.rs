@@ -93,6 +93,7 @@ impl Fs {
                         "failures": st.failures.load(Ordering::Relaxed),
                         "bytes": st.bytes.load(Ordering::Relaxed),
                         "not_deferred": st.not_deferred.load(Ordering::Relaxed),
+                        "renames_deferred": self.renames_deferred.load(Ordering::Relaxed),
                     })
                 }),
                 "otlp": self.otlp.get().map(|s| s.to_json()),

@@ -514,7 +514,7 @@ impl Fs {
                 // change of it waits for it.
                 let key = (h.node.dev, h.node.ino);
                 let limit = self.deferrable_bytes();
-                let taken = self.table.owe_with(key, || {
+                let taken = self.table.owe_with(key, &h.identity.key, || {
                     let rels = self.node_rels(&h.node).ok();
                     let agent = self.gate.agent(&h.identity, &h.caller);
                     let bytes = self.close_bytes(&h, rels.as_deref());
@@ -598,7 +598,7 @@ impl Fs {
         // (A handle that may change its file: write access, `O_TRUNC`, a create.)
         drop(h.write_state()?);
         let key = (h.node.dev, h.node.ino);
-        self.table.owe_now(key);
+        self.table.owe_now(key, &h.identity.key);
         Some(Owed {
             key,
             bytes: self.close_bytes(&h, None),

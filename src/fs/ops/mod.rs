@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 
 use super::error::{err, FsError, Result};
 use super::inode::{Node, ROOT};
-use super::{sys, Caller, CtlHandle, Entry, FileHandle, Fs, Handle, OpenOpts, Owed};
+use super::{sys, Caller, CtlHandle, Entry, FileHandle, Fs, Handle, Kept, OpenOpts, Owed};
 use crate::control::{self, CtlFile};
 use crate::guard::{Identity, Operation};
 use crate::ledger::{Draft, MutationType};

@@ -18,6 +18,18 @@ impl Fs {
         Vec<crate::fs::inode::StaleGuard<'_>>,
         Vec<Option<sys::Stat>>,
     ) {
+        let l = self.lock_names_owing(names, None);
+        (l.guards, l.stats)
+    }
+
+    /// [`Fs::lock_names`], where the file the first name points to may still owe entries
+    /// of `own`'s changes only (see
+    /// [`InodeTable::stale_locks_owing`](crate::fs::inode::InodeTable::stale_locks_owing)).
+    fn lock_names_owing<'s>(
+        &'s self,
+        names: &[(std::os::fd::BorrowedFd<'_>, &OsStr)],
+        own: Option<&str>,
+    ) -> LockedNames<'s> {
         let look = || -> Vec<Option<sys::Stat>> {
             names
                 .iter()
@@ -44,25 +56,44 @@ impl Fs {
                 .chain(name_keys.iter().copied())
                 .collect()
         };
+        let lock = |v: &[Option<sys::Stat>]| {
+            let first: Vec<(u64, u64)> = match (own, v.first()) {
+                (Some(_), Some(Some(s))) => vec![(s.st_dev, s.st_ino)],
+                _ => Vec::new(),
+            };
+            self.table
+                .stale_locks_owing(&key(v), &first, own.unwrap_or(""))
+        };
         let mut stats = look();
         for _ in 0..64 {
-            let guards = self.table.stale_locks(&key(&stats));
+            let (guards, owing) = lock(&stats);
             let now = look();
             let same = now.len() == stats.len()
                 && now.iter().zip(&stats).all(|(a, b)| {
                     a.map(|s| (s.st_dev, s.st_ino)) == b.map(|s| (s.st_dev, s.st_ino))
                 });
             if same {
-                return (guards, now);
+                return LockedNames {
+                    guards,
+                    stats: now,
+                    owing,
+                    name_keys,
+                };
             }
             drop(guards);
             stats = now;
         }
         // Names re-pointed without end: lock what they point to now and go on (the
         // stale checks still run, only not atomically with a concurrent change), with the
-        // stats the names have under the locks (the checks judge those files).
+        // stats the names have under the locks (the checks judge those files). (Nothing
+        // owed is let through here.)
         let guards = self.table.stale_locks(&key(&stats));
-        (guards, look())
+        LockedNames {
+            guards,
+            stats: look(),
+            owing: false,
+            name_keys,
+        }
     }
 
     pub(super) fn protected_below(
@@ -231,11 +262,35 @@ impl Fs {
             // sync`: by the stale locks.)
             self.settle_records();
         }
-        let (_stale, now) = self.lock_names(&[(r.pfd.as_fd(), name), (r.npfd.as_fd(), newname)]);
+        // `--record async`: an edit by rename of a file the identity has just closed (an
+        // editor's or `os.replace`'s temporary) does not wait for the entries of that close:
+        // its own `RENAME` is written after them, after its reply (see `may_defer`).
+        let own = self.may_defer(&g, &r).then_some(g.ident.key.as_str());
+        let locked =
+            self.lock_names_owing(&[(r.pfd.as_fd(), name), (r.npfd.as_fd(), newname)], own);
+        let (_stale, now) = (locked.guards, locked.stats);
         let ino = |s: &Option<sys::Stat>| s.map(|s| (s.st_dev, s.st_ino));
         if ino(&now[0]) != ino(&Some(r.src)) || ino(&now[1]) != ino(&r.dst) {
             return Ok(None);
         }
+        // What the entries owed would tell the stale check of the file renamed: unless the
+        // file is as the identity's own write left it (they then change nothing the check
+        // finds), and the recorder has room for the entry, wait for them as any change does.
+        let slot = match (locked.owing, &now[0]) {
+            (true, Some(src)) => {
+                let slot = self
+                    .own_last_change(&g.ident, src)
+                    .then(|| self.rename_slot(&g.ident, &r.from, &r.to, (src.st_dev, src.st_ino)))
+                    .flatten();
+                if slot.is_none() {
+                    drop(_stale);
+                    self.table.wait_settled((src.st_dev, src.st_ino));
+                    return Ok(None);
+                }
+                slot
+            }
+            _ => None,
+        };
         // (Opened for writing again since the look in `rename_authorize`: look again.)
         if (checked_name(&r.to) || g.config_swap) && !r.src_dir && self.open_for_writing(&r.src) {
             return Ok(None);
@@ -281,7 +336,7 @@ impl Fs {
                 dst,
             )?;
         }
-        let fx = self.rename_effects(&g.ident, caller, &r)?;
+        let mut fx = self.rename_effects(&g.ident, caller, &r, slot.is_some())?;
         sys::rename_at(r.pfd.as_fd(), name, r.npfd.as_fd(), newname, g.flags)?;
         // (The hash of the bytes this rename read of the file moved follows it to its new
         // stamp when the rename moved only its change time: its next open does not hash
@@ -293,9 +348,49 @@ impl Fs {
             }
         }
         self.rename_done(&g, caller, &r, &fx)?;
-        let draft = self.rename_draft(&r, fx.edit, fx.versions);
-        self.record(&g.ident, caller, MutationType::Rename, &r.to, draft)?;
+        // (An entry written later keeps both versions and finds the lines that changed
+        // then, from the bytes read here.)
+        let later = slot.is_some().then(|| fx.edit.take()).flatten();
+        let draft = self.rename_draft(&r, fx.edit, fx.versions.clone());
+        match slot {
+            Some(slot) => {
+                let keep = later.map(|(old, new)| Kept {
+                    old,
+                    new,
+                    versions: fx.versions,
+                });
+                let mut keys = vec![(r.src.st_dev, r.src.st_ino)];
+                keys.extend(locked.name_keys.iter().copied());
+                self.record_rename_later(
+                    slot,
+                    keys,
+                    &g.ident,
+                    caller,
+                    (r.from.clone(), r.to.clone()),
+                    draft,
+                    keep,
+                );
+            }
+            None => self.record(&g.ident, caller, MutationType::Rename, &r.to, draft)?,
+        }
         Ok(Some(()))
+    }
+
+    /// Whether this rename's entry may be written after its reply when the file renamed
+    /// still owes entries of its identity's own changes (`--record async`): a regular file
+    /// renamed within the recorded content (no directory, no exchange, nothing of git's
+    /// internals or build output, whose checks and entries read other files), over a
+    /// regular file or none.
+    fn may_defer(&self, g: &RenameGrant, r: &RenameReq<'_>) -> bool {
+        let reg = |m: u32| m & libc::S_IFMT == libc::S_IFREG;
+        self.recorder.get().is_some()
+            && !r.src_dir
+            && !r.exchange
+            && !g.config_swap
+            && reg(r.src.st_mode)
+            && r.dst.is_none_or(|d| reg(d.st_mode))
+            && self.content_recorded(&r.from)
+            && self.content_recorded(&r.to)
     }
 
     /// Resolve a rename: both names, where they are, what they name now.
@@ -535,6 +630,7 @@ impl Fs {
         ident: &Identity,
         caller: &Caller,
         r: &RenameReq<'_>,
+        later: bool,
     ) -> Result<RenameEffects> {
         // A rename over a file (`sed -i`, editors, `os.replace`) is an edit of it: the entry
         // carries the lines that changed against the file it replaced, and both hashes.
@@ -572,8 +668,11 @@ impl Fs {
                     crate::fs::hash::to_string(&hn32),
                 );
                 moved = at_new.map(|at| (at, hn32));
-                self.keep_bytes(&r.to, old, &ho);
-                self.keep_bytes(&r.to, new, &hn);
+                // (`later`: kept by the job that writes the entry, before it.)
+                if !later {
+                    self.keep_bytes(&r.to, old, &ho);
+                    self.keep_bytes(&r.to, new, &hn);
+                }
                 (Some(hn), Some(ho))
             }
             None if over_file => {
@@ -779,6 +878,17 @@ impl Fs {
         !crate::fs::stale::untracked(rel)
             && self.gate.guard.rules().policy.output_match(rel).is_none()
     }
+}
+
+/// The names a change holds ([`Fs::lock_names_owing`]).
+struct LockedNames<'s> {
+    guards: Vec<crate::fs::inode::StaleGuard<'s>>,
+    /// What each name points to, under the locks.
+    stats: Vec<Option<sys::Stat>>,
+    /// The first name's file owes entries (its identity's own), let through.
+    owing: bool,
+    /// The names' own lock keys.
+    name_keys: Vec<(u64, u64)>,
 }
 
 /// A rename request, resolved.
