@@ -609,6 +609,8 @@ fn a_killed_daemon_with_renames_queued_leaves_each_one_to_verify() {
             "import os\nfor i in range(30):\n    \
              open('e%02d.tmp' % i, 'wb').write(os.urandom(1 << 20) * 4)\n    \
              os.rename('e%02d.tmp' % i, 'e%02d.bin' % i)\n    \
+             open('n%02d.tmp' % i, 'wb').write(os.urandom(1 << 20) * 4)\n    \
+             os.rename('n%02d.tmp' % i, 'n%02d.new' % i)\n    \
              print(i, flush=True)\n",
         ])
         .current_dir(&tm.mnt)
@@ -650,6 +652,27 @@ fn a_killed_daemon_with_renames_queued_leaves_each_one_to_verify() {
             assert!(
                 drift.contains(&rel),
                 "{rel} ({} bytes): its rename is not on record and verify does not say so: {v}",
+                bytes.len()
+            );
+            lost += 1;
+        }
+    }
+    // Renamed to a free name: the new name is on record with its content, or the old name
+    // is named by verify (missing, or unfinished when its close was lost too).
+    for i in 0..30 {
+        let (tmp, new) = (format!("n{i:02}.tmp"), format!("n{i:02}.new"));
+        let Ok(bytes) = std::fs::read(tm.w(&new)) else {
+            continue;
+        };
+        let last = ledger
+            .iter()
+            .rfind(|e| e["path"] == new.as_str() && e["content_hash"].is_string());
+        if last.is_some_and(|e| e["content_hash"] == sha(&bytes)) {
+            recorded += 1;
+        } else {
+            assert!(
+                drift.contains(&tmp) || drift.contains(&new),
+                "{new} ({} bytes): its rename from {tmp} is not on record and verify names neither: {v}",
                 bytes.len()
             );
             lost += 1;
