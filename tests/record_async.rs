@@ -757,3 +757,108 @@ fn another_identity_renaming_a_file_just_closed_waits_for_its_entry() {
         assert_eq!(ledger[r]["content_hash"], sha(&tm.ws_bytes(&y)));
     }
 }
+
+/// Sparse 1 GiB files closed one after another: cheap to write, long to hash. Their
+/// entries keep the recorder seconds behind.
+const BACKLOG: &str = "import os, time\n\
+for i in range(3):\n    \
+    f = open('big%d.bin' % i, 'wb')\n    \
+    f.truncate(1 << 30)\n    \
+    f.seek((1 << 30) - 1)\n    \
+    f.write(b'x')\n    \
+    f.close()\n";
+
+fn position(ledger: &[Value], what: &str, f: impl Fn(&Value) -> bool) -> usize {
+    ledger
+        .iter()
+        .position(f)
+        .unwrap_or_else(|| panic!("no {what} in {ledger:#?}"))
+}
+
+/// An editor's save (write t.tmp, rename it over t, make t.tmp again) while the recorder
+/// is seconds behind: the second `CREATE` of t.tmp waits for the `RENAME` that vacated the
+/// name, however long. (Found by a review: a wait of at most 2 s wrote it first.)
+#[test]
+fn a_name_made_again_waits_for_the_rename_that_vacated_it_however_long() {
+    for data in ["daemon", "passthrough"] {
+        let tm = mount(data);
+        python(
+            &tm,
+            "open('t', 'w').write('zero\\n')\nopen('.intentfs/status').read()\n",
+        );
+        python(
+            &tm,
+            &format!(
+                "{BACKLOG}\
+open('t.tmp', 'w').write('one\\n')\n\
+os.rename('t.tmp', 't')\n\
+open('t.tmp', 'w').write('two\\n')\n"
+            ),
+        );
+        let ledger = tm.mutations();
+        let kinds: Vec<String> = ledger
+            .iter()
+            .filter(|e| e["path"] == "t.tmp" || e["from"] == "t.tmp")
+            .map(|e| format!("{} {}", e["mutation_type"].as_str().unwrap(), e["path"]))
+            .collect();
+        let rename = position(&ledger, "RENAME", |e| {
+            e["mutation_type"] == "RENAME" && e["from"] == "t.tmp"
+        });
+        let creates: Vec<usize> = ledger
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e["mutation_type"] == "CREATE" && e["path"] == "t.tmp")
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(creates.len(), 2, "{data}: {kinds:?}");
+        assert!(
+            creates[1] > rename,
+            "{data}: t.tmp made again is on record before the RENAME that vacated it: {kinds:?}"
+        );
+        assert_eq!(
+            ledger[rename]["content_hash"],
+            sha(b"one\n"),
+            "{data}: {kinds:?}"
+        );
+        let (ok, v) = verify(&tm.ws);
+        assert!(ok, "{data}: {v}");
+    }
+}
+
+/// Kernel passthrough: a handle that made a file and wrote nothing records its `WRITE` at
+/// its release, under the names the file has when the release runs. A rename of the file
+/// right after waits for it (found by a review: passed, the release's entry named the new
+/// path before the `RENAME` that put the file there).
+#[test]
+fn a_release_naming_the_file_when_it_runs_is_not_passed_by_a_rename() {
+    let tm = mount("passthrough");
+    python(
+        &tm,
+        "open('u', 'w').write('old\\n')\nopen('.intentfs/status').read()\n",
+    );
+    python(
+        &tm,
+        &format!(
+            "{BACKLOG}\
+fd = os.open('u.tmp', os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)\n\
+os.close(fd)\n\
+time.sleep(0.3)\n\
+os.rename('u.tmp', 'u')\n"
+        ),
+    );
+    let ledger = tm.mutations();
+    let rename = position(&ledger, "RENAME", |e| {
+        e["mutation_type"] == "RENAME" && e["from"] == "u.tmp"
+    });
+    let first = position(&ledger, "WRITE of u", |e| {
+        e["mutation_type"] == "WRITE" && e["path"] == "u"
+    });
+    let misplaced: Vec<&Value> = ledger[first + 1..rename]
+        .iter()
+        .filter(|e| e["path"] == "u")
+        .collect();
+    assert!(
+        misplaced.is_empty(),
+        "entries naming u before the RENAME that put the file there: {misplaced:#?}"
+    );
+}

@@ -64,6 +64,9 @@ struct Owing {
     n: u32,
     /// The identity whose changes every one of them records (`None`: more than one).
     by: Option<String>,
+    /// Of those, the entries whose names are decided when they are written (a release's,
+    /// which may record under the file's names then): never passed by a rename.
+    unnamed: u32,
 }
 
 /// One backing inode known to the kernel.
@@ -627,7 +630,10 @@ impl InodeTable {
         let waits = |pending: &HashMap<(u64, u64), Owing>| {
             keys.iter().any(|k| {
                 pending.get(k).is_some_and(|o| {
-                    !(own.contains(k) && !by.is_empty() && o.by.as_deref() == Some(by))
+                    !(own.contains(k)
+                        && !by.is_empty()
+                        && o.by.as_deref() == Some(by)
+                        && o.unnamed == 0)
                 })
             })
         };
@@ -671,26 +677,20 @@ impl InodeTable {
             .collect()
     }
 
-    /// Count one more entry owed for `key`, recording `by`'s changes.
-    fn add_owed(&self, key: (u64, u64), by: &str) {
+    /// Count one more entry owed for `key`, recording `by`'s changes (`named`: under names
+    /// fixed now, see [`Owing::unnamed`]).
+    fn add_owed(&self, key: (u64, u64), by: &str, named: bool) {
         let mut pending = self.pending.lock();
-        match pending.get_mut(&key) {
-            Some(o) => {
-                o.n += 1;
-                if o.by.as_deref() != Some(by) {
-                    o.by = None;
-                }
-            }
-            None => {
-                pending.insert(
-                    key,
-                    Owing {
-                        n: 1,
-                        by: Some(by.to_owned()),
-                    },
-                );
-            }
+        let o = pending.entry(key).or_insert_with(|| Owing {
+            n: 0,
+            by: Some(by.to_owned()),
+            unnamed: 0,
+        });
+        o.n += 1;
+        if o.by.as_deref() != Some(by) {
+            o.by = None;
         }
+        o.unnamed += u32::from(!named);
         self.owed.fetch_add(1, Ordering::Release);
     }
 
@@ -709,15 +709,17 @@ impl InodeTable {
     /// Taking the lock here held up the serving thread, and every request queued behind
     /// the release on it, while the recorder hashed and recorded the close before (the
     /// edit loop: a `GETATTR` took 25 µs instead of 10).
-    pub fn owe_now(&self, key: (u64, u64), by: &str) {
-        self.add_owed(key, by);
+    /// (`named`: the entry, if the release writes one, names what the close before it
+    /// fixed; see [`Owing::unnamed`].)
+    pub fn owe_now(&self, key: (u64, u64), by: &str, named: bool) {
+        self.add_owed(key, by, named);
     }
 
     /// [`InodeTable::owe`] by a caller that holds the stale locks of `keys` already
     /// ([`InodeTable::stale_locks_owing`]).
     pub fn owe_held(&self, keys: &[(u64, u64)], by: &str) {
         for &k in keys {
-            self.add_owed(k, by);
+            self.add_owed(k, by, true);
         }
     }
 
@@ -726,17 +728,25 @@ impl InodeTable {
     pub fn owe_with<T>(&self, key: (u64, u64), by: &str, f: impl FnOnce() -> T) -> T {
         let _g = self.lock_keys(&[key]);
         let t = f();
-        self.add_owed(key, by);
+        self.add_owed(key, by, true);
         t
     }
 
     /// The entry owed for `key` is on record (or given up).
     pub fn settle(&self, key: (u64, u64)) {
+        self.settle_owed(key, true);
+    }
+
+    /// [`InodeTable::settle`] of an entry owed as `named` or not ([`InodeTable::owe_now`]).
+    pub fn settle_owed(&self, key: (u64, u64), named: bool) {
         let mut pending = self.pending.lock();
         let Some(o) = pending.get_mut(&key) else {
             return;
         };
         o.n -= 1;
+        if !named {
+            o.unnamed = o.unnamed.saturating_sub(1);
+        }
         self.owed.fetch_sub(1, Ordering::Release);
         // (Only a file that owes nothing more lets a waiter go.)
         if o.n == 0 {
@@ -798,7 +808,7 @@ mod tests {
         let t = Arc::new(InodeTable::new(root, 64).unwrap());
         let key = (7, 42);
         let other = (7, 43);
-        t.owe_now(key, "agent-a");
+        t.owe_now(key, "agent-a", true);
         let (g, owing) = t.stale_locks_owing(&[key, other], &[key], "agent-a");
         assert!(owing, "the owing identity is told it passes entries owed");
         drop(g);
@@ -823,10 +833,10 @@ mod tests {
             t.settle(key);
             assert!(!rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap());
             h.join().unwrap();
-            t.owe_now(key, "agent-a");
+            t.owe_now(key, "agent-a", true);
         }
         // Owed by two identities: even one of them waits.
-        t.owe_now(key, "agent-b");
+        t.owe_now(key, "agent-b", true);
         let (tx, rx) = std::sync::mpsc::channel();
         let t2 = t.clone();
         let h = std::thread::spawn(move || {
@@ -841,6 +851,21 @@ mod tests {
             .recv_timeout(std::time::Duration::from_millis(200))
             .is_err());
         t.settle(key);
+        assert!(!rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap());
+        h.join().unwrap();
+        // An entry whose names are decided when it is written (a release's) is never
+        // passed, not even by its own identity.
+        t.owe_now(key, "agent-a", false);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t2 = t.clone();
+        let h = std::thread::spawn(move || {
+            let (_g, owing) = t2.stale_locks_owing(&[key], &[key], "agent-a");
+            tx.send(owing).unwrap();
+        });
+        assert!(rx
+            .recv_timeout(std::time::Duration::from_millis(200))
+            .is_err());
+        t.settle_owed(key, false);
         assert!(!rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap());
         h.join().unwrap();
     }

@@ -75,6 +75,9 @@ pub struct Owed {
     pub key: (u64, u64),
     /// What that entry may take ([`Fs::entry_bytes`]).
     pub bytes: u64,
+    /// Whatever the release records is under the names its close fixed (see
+    /// [`Fs::release_owed`]).
+    pub named: bool,
 }
 
 /// An edit by rename whose entry is written after its reply: the content it replaced and
@@ -692,7 +695,9 @@ impl Fs {
     ) -> Result<()> {
         // A rename answered before its entry, naming this path: its entry comes first.
         // (Waited for alone, not with the jobs queued before it, which may need a stale
-        // lock the caller holds; bounded, so no pattern of locks can hang a request on it.)
+        // lock the caller holds; bounded, so no pattern of locks can hang a request on it.
+        // The requests that make a name, which nothing else orders after the rename, wait
+        // earlier and without a bound: `Fs::wait_deferred`.)
         if self.deferred_renames.load(Ordering::Acquire) != 0 && !recorder::is_recorder() {
             let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
             let mut paths = self.deferred_paths.lock();
@@ -821,6 +826,19 @@ impl Fs {
             return None;
         }
         Some((rec, self.me.get()?.upgrade()?))
+    }
+
+    /// Wait until no rename answered before its entry names `rel` (see `Fs::rename`): for a
+    /// request about to make a name, before it holds any lock (the entry waited for needs
+    /// none, and the jobs before it need none this request holds), so without a bound.
+    pub(crate) fn wait_deferred(&self, rel: &Path) {
+        if self.deferred_renames.load(Ordering::Acquire) == 0 || recorder::is_recorder() {
+            return;
+        }
+        let mut paths = self.deferred_paths.lock();
+        while paths.contains_key(rel) {
+            self.deferred_done.wait(&mut paths);
+        }
     }
 
     /// `--record async`, off the recorder's own thread, with a ledger that can be written:

@@ -17,9 +17,12 @@
 //! nothing its stale check finds), may be renamed before they are on record. Its `RENAME`
 //! entry is then queued behind them ([`Recorder::queue_held`], under the names' stale locks)
 //! and owed by the file and both names, and an entry written before its reply that names
-//! either path waits for it (`Fs::record`). Waiting cost the edit loop the whole of the
-//! recorder's job for the temporary (its hash, kept version and entry): about 80 µs a save.
-//! Another identity's change, or one the stale check must judge, waits as before.
+//! either path waits for it (`Fs::record`; a request making a name waits for it earlier,
+//! `Fs::wait_deferred`). Waiting cost the edit loop the whole of the recorder's job for the
+//! temporary (its hash, kept version and entry): about 90 µs a save. Another identity's
+//! change, one the stale check must judge, or a release whose entry would name the file
+//! where it is when it runs ([`super::inode::InodeTable::owe_now`]'s `named`) waits as
+//! before.
 //!
 //! The entries queued are bounded in bytes too ([`Recorder::take`]), by what the ledger's
 //! reserve has room for ([`crate::ledger::Ledger::deferrable_bytes`]): a change whose entry
@@ -88,6 +91,9 @@ pub struct Stats {
     /// Changes recorded before their reply because their entry did not fit in what the
     /// queue may take ([`Recorder::take`]).
     pub not_deferred: AtomicU64,
+    /// The recorder's thread is gone (a job panicked): nothing waits for room any more,
+    /// jobs run where they are queued.
+    pub gone: std::sync::atomic::AtomicBool,
 }
 
 pub struct Recorder {
@@ -112,7 +118,13 @@ impl Recorder {
         let (theirs, their_room) = (stats.clone(), room.clone());
         std::thread::Builder::new()
             .name("intentfs-record".into())
-            .spawn(move || run(&rx, &theirs, &their_room))?;
+            .spawn(move || {
+                // (Marked gone however the thread ends, a panic's unwinding included, once
+                // its queue is closed: a job queued from then on runs where it is queued.)
+                let _gone = Gone(&theirs, &their_room);
+                let rx = rx;
+                run(&rx, &theirs, &their_room);
+            })?;
         Ok(Recorder { tx, stats, room })
     }
 
@@ -153,7 +165,8 @@ impl Recorder {
         while st
             .queued
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-                (q < QUEUE as u64 || is_recorder()).then_some(q + 1)
+                (q < QUEUE as u64 || is_recorder() || st.gone.load(Ordering::Acquire))
+                    .then_some(q + 1)
             })
             .is_err()
         {
@@ -195,6 +208,20 @@ impl Recorder {
         if self.tx.send(Msg::Mark(tx)).is_ok() {
             let _ = rx.recv();
         }
+    }
+}
+
+/// Sets [`Stats::gone`] when dropped, and wakes whoever waits for room.
+struct Gone<'a>(
+    &'a Stats,
+    &'a (parking_lot::Mutex<()>, parking_lot::Condvar),
+);
+
+impl Drop for Gone<'_> {
+    fn drop(&mut self) {
+        self.0.gone.store(true, Ordering::Release);
+        let _g = self.1 .0.lock();
+        self.1 .1.notify_all();
     }
 }
 
@@ -288,6 +315,29 @@ mod tests {
         r.drain();
         assert!(*ran.lock().unwrap());
         assert_eq!(r.stats.queued.load(Ordering::Acquire), 0);
+    }
+
+    /// A job that panics takes the recorder's thread with it: nothing queued after waits
+    /// for room that will never come; the jobs run where they are queued.
+    #[test]
+    fn a_recorder_gone_holds_up_nothing() {
+        let r = Recorder::start().unwrap();
+        r.queue(
+            Box::new(|| panic!("a job that fails (expected by this test)")),
+            0,
+        );
+        let t0 = std::time::Instant::now();
+        while !r.stats.gone.load(Ordering::Acquire) {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(10));
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let ran = Arc::new(Mutex::new(0));
+        for _ in 0..QUEUE * 2 {
+            let ran = ran.clone();
+            r.queue(Box::new(move || *ran.lock().unwrap() += 1), 0);
+        }
+        r.drain();
+        assert_eq!(*ran.lock().unwrap(), QUEUE * 2);
     }
 
     /// What the jobs queued take is counted until they have run, and a job that would

@@ -24,6 +24,9 @@ impl Fs {
         check_name(name)?;
         let p = self.node(parent)?;
         let rel = self.child_rel(&p, name)?;
+        // A name a rename just vacated, its entry still queued: the entry of what is made
+        // there comes after it.
+        self.wait_deferred(&rel);
         let ident = self.authorize(caller, op, &rel, is_dir)?;
         let temp = crate::fs::temps::NEW_TEMP.with(|t| t.replace(false));
         let pfd = self.fd(&p)?;
@@ -205,6 +208,7 @@ impl Fs {
         }
         let np = self.node(newparent)?;
         let rel = self.child_rel(&np, newname)?;
+        self.wait_deferred(&rel);
         self.authorize_as(&ident, caller, Operation::Link, &rel, false)?;
         // A file with a name in git's internals and one in the worktree: writes through the
         // first are not on record, and a rebase todo list with another name is changed

@@ -596,12 +596,23 @@ impl Fs {
             _ => return None,
         };
         // (A handle that may change its file: write access, `O_TRUNC`, a create.)
-        drop(h.write_state()?);
+        // Its close's entry still queued with the names it fixed, or already written with
+        // nothing changed since, and nothing the release may record besides (no shared
+        // mapping of a write-only handle, no writer from outside, no closer untracked): a
+        // rename of the file by its identity may pass it (see `Fs::rename`). Otherwise what
+        // it records is named when it runs, so it must come before any rename.
+        let named = h.write_state().is_some_and(|w| {
+            !w.rdwr
+                && w.outside.is_empty()
+                && !w.closers_untracked
+                && (w.at_close.is_some() || !(w.dirty || w.wrote || w.created))
+        });
         let key = (h.node.dev, h.node.ino);
-        self.table.owe_now(key, &h.identity.key);
+        self.table.owe_now(key, &h.identity.key, named);
         Some(Owed {
             key,
             bytes: self.close_bytes(&h, None),
+            named,
         })
     }
 
@@ -631,10 +642,11 @@ impl Fs {
     pub fn release_queued(self: &Arc<Self>, fh: u64, owed: Option<Owed>) -> Result<()> {
         if let (Some(rec), Some(owed)) = (self.recorder.get(), owed) {
             rec.add(owed.bytes);
-            self.record_later(rec, Some(owed.key), owed.bytes, move |fs| {
+            self.record_later(rec, None, owed.bytes, move |fs| {
                 if let Err(e) = fs.release(fh) {
                     tracing::warn!(error = ?e, fh, "--record async: releasing a handle after its reply failed");
                 }
+                fs.table.settle_owed(owed.key, owed.named);
             });
             return Ok(());
         }
