@@ -68,6 +68,34 @@ fn verify(ws: &std::path::Path) -> (bool, Value) {
     (out.status.success(), v)
 }
 
+/// Run `script` (a python program printing a line per step) in the mount, kill the daemon
+/// once it has printed `steps` lines, remount and verify: the report, whose chain must be
+/// intact.
+fn killed_after(tm: &mut TestMount, script: &str, steps: usize) -> Value {
+    let mut writer = Command::new("python3")
+        .args(["-I", "-c", script])
+        .current_dir(&tm.mnt)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(writer.stdout.take().unwrap());
+    let mut line = String::new();
+    for k in 0..steps {
+        line.clear();
+        let n = std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert!(n > 0, "the writer stopped after {k} steps");
+    }
+    tm.kill_daemon();
+    let _ = writer.kill();
+    let _ = writer.wait();
+    // Remount: a torn tail is repaired; then verify.
+    tm.start();
+    let (_, v) = verify(&tm.ws);
+    assert_eq!(v["chain_intact"], true, "{v}");
+    v
+}
+
 /// 300 files written and closed one after another, as `tar x` does: once settled, every
 /// one has its entry with the hash of the bytes on disk, the store resolves each hash, the
 /// chain is intact and nothing drifts; `status` says how they were recorded.
@@ -441,34 +469,13 @@ fn a_killed_daemon_loses_only_queued_closes_and_verify_names_each() {
         .arg("async")
         .mount();
     // Large files take the recorder a while each (hash, compress, store): the queue fills.
-    let mut writer = Command::new("python3")
-        .args([
-            "-I",
-            "-c",
-            "import os, sys\nfor i in range(40):\n    \
-             open('big%02d.bin' % i, 'wb').write(os.urandom(1 << 20) * 4)\n    \
-             print(i, flush=True)\n",
-        ])
-        .current_dir(&tm.mnt)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(writer.stdout.take().unwrap());
-    let mut line = String::new();
-    for k in 0..20 {
-        line.clear();
-        let n = std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-        assert!(n > 0, "the writer stopped after {k} files");
-    }
-    tm.kill_daemon();
-    let _ = writer.kill();
-    let _ = writer.wait();
-
-    // Remount: a torn tail is repaired; then verify.
-    tm.start();
-    let (_, v) = verify(&tm.ws);
-    assert_eq!(v["chain_intact"], true, "{v}");
+    let v = killed_after(
+        &mut tm,
+        "import os, sys\nfor i in range(40):\n    \
+         open('big%02d.bin' % i, 'wb').write(os.urandom(1 << 20) * 4)\n    \
+         print(i, flush=True)\n",
+        20,
+    );
     let drift: HashMap<String, Value> = v["drift"]
         .as_array()
         .unwrap()
@@ -602,36 +609,16 @@ fn a_killed_daemon_with_renames_queued_leaves_each_one_to_verify() {
          open('.intentfs/status').read()\n",
     );
     // Large temporaries take the recorder a while each: their renames queue behind them.
-    let mut writer = Command::new("python3")
-        .args([
-            "-I",
-            "-c",
-            "import os\nfor i in range(30):\n    \
-             open('e%02d.tmp' % i, 'wb').write(os.urandom(1 << 20) * 4)\n    \
-             os.rename('e%02d.tmp' % i, 'e%02d.bin' % i)\n    \
-             open('n%02d.tmp' % i, 'wb').write(os.urandom(1 << 20) * 4)\n    \
-             os.rename('n%02d.tmp' % i, 'n%02d.new' % i)\n    \
-             print(i, flush=True)\n",
-        ])
-        .current_dir(&tm.mnt)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(writer.stdout.take().unwrap());
-    let mut line = String::new();
-    for k in 0..15 {
-        line.clear();
-        let n = std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-        assert!(n > 0, "the writer stopped after {k} renames");
-    }
-    tm.kill_daemon();
-    let _ = writer.kill();
-    let _ = writer.wait();
-
-    tm.start();
-    let (_, v) = verify(&tm.ws);
-    assert_eq!(v["chain_intact"], true, "{v}");
+    let v = killed_after(
+        &mut tm,
+        "import os\nfor i in range(30):\n    \
+         open('e%02d.tmp' % i, 'wb').write(os.urandom(1 << 20) * 4)\n    \
+         os.rename('e%02d.tmp' % i, 'e%02d.bin' % i)\n    \
+         open('n%02d.tmp' % i, 'wb').write(os.urandom(1 << 20) * 4)\n    \
+         os.rename('n%02d.tmp' % i, 'n%02d.new' % i)\n    \
+         print(i, flush=True)\n",
+        15,
+    );
     let drift: Vec<String> = v["drift"]
         .as_array()
         .unwrap()

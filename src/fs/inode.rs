@@ -808,6 +808,21 @@ mod tests {
         let t = Arc::new(InodeTable::new(root, 64).unwrap());
         let key = (7, 42);
         let other = (7, 43);
+        // `by` taking `key`'s lock on a thread of its own: whether it was told it passes
+        // entries owed, once it has the lock.
+        let waiter = |by: &str| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (t2, who) = (t.clone(), by.to_owned());
+            let h = std::thread::spawn(move || {
+                let (_g, owing) = t2.stale_locks_owing(&[key], &[key], &who);
+                tx.send(owing).unwrap();
+            });
+            (rx, h)
+        };
+        let still_waits = |rx: &std::sync::mpsc::Receiver<bool>| {
+            rx.recv_timeout(std::time::Duration::from_millis(200))
+                .is_err()
+        };
         t.owe_now(key, "agent-a", true);
         let (g, owing) = t.stale_locks_owing(&[key, other], &[key], "agent-a");
         assert!(owing, "the owing identity is told it passes entries owed");
@@ -818,16 +833,9 @@ mod tests {
         drop(g);
         // Another identity (and a plain stale lock) waits for the settle.
         for by in ["agent-b", ""] {
-            let (tx, rx) = std::sync::mpsc::channel();
-            let t2 = t.clone();
-            let who = by.to_owned();
-            let h = std::thread::spawn(move || {
-                let (_g, owing) = t2.stale_locks_owing(&[key], &[key], &who);
-                tx.send(owing).unwrap();
-            });
+            let (rx, h) = waiter(by);
             assert!(
-                rx.recv_timeout(std::time::Duration::from_millis(200))
-                    .is_err(),
+                still_waits(&rx),
                 "{by:?} passed an entry another identity owes"
             );
             t.settle(key);
@@ -837,34 +845,18 @@ mod tests {
         }
         // Owed by two identities: even one of them waits.
         t.owe_now(key, "agent-b", true);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let t2 = t.clone();
-        let h = std::thread::spawn(move || {
-            let (_g, owing) = t2.stale_locks_owing(&[key], &[key], "agent-a");
-            tx.send(owing).unwrap();
-        });
-        assert!(rx
-            .recv_timeout(std::time::Duration::from_millis(200))
-            .is_err());
+        let (rx, h) = waiter("agent-a");
+        assert!(still_waits(&rx));
         t.settle(key);
-        assert!(rx
-            .recv_timeout(std::time::Duration::from_millis(200))
-            .is_err());
+        assert!(still_waits(&rx));
         t.settle(key);
         assert!(!rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap());
         h.join().unwrap();
         // An entry whose names are decided when it is written (a release's) is never
         // passed, not even by its own identity.
         t.owe_now(key, "agent-a", false);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let t2 = t.clone();
-        let h = std::thread::spawn(move || {
-            let (_g, owing) = t2.stale_locks_owing(&[key], &[key], "agent-a");
-            tx.send(owing).unwrap();
-        });
-        assert!(rx
-            .recv_timeout(std::time::Duration::from_millis(200))
-            .is_err());
+        let (rx, h) = waiter("agent-a");
+        assert!(still_waits(&rx));
         t.settle_owed(key, false);
         assert!(!rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap());
         h.join().unwrap();

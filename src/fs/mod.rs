@@ -777,13 +777,27 @@ impl Fs {
         self.table.owe(key, &ident.key);
         let bytes = std::mem::take(&mut slot.bytes);
         slot.fs.record_later(rec, Some(key), bytes, move |fs| {
-            fs.note_versions(&rel, &mut draft);
-            if let Err(e) = fs.gate.record_as(&ident, &caller, mt, &rel, draft, intent) {
-                fs.on_ledger_failure(&e);
-                fs.rec_failed(mt.as_str(), &rel, &e);
-            }
+            fs.record_queued(&ident, &caller, mt, &rel, draft, intent);
         });
         Ok(())
+    }
+
+    /// A queued entry written, on the recorder ([`Fs::record`] with the intent taken when
+    /// the change was answered); a failure is said and counted ([`Fs::rec_failed`]).
+    fn record_queued(
+        &self,
+        ident: &Identity,
+        caller: &Caller,
+        mt: MutationType,
+        rel: &Path,
+        mut draft: Draft,
+        intent: Option<String>,
+    ) {
+        self.note_versions(rel, &mut draft);
+        if let Err(e) = self.gate.record_as(ident, caller, mt, rel, draft, intent) {
+            self.on_ledger_failure(&e);
+            self.rec_failed(mt.as_str(), rel, &e);
+        }
     }
 
     /// What the entry of a change of `paths` by `ident` takes in the ledger at most: its
@@ -814,9 +828,13 @@ impl Fs {
     /// `--record async`, an entry [`deferrable`], off the recorder's own thread, with a
     /// ledger that can be written: the recorder and this filesystem, to write it later.
     fn deferring(&self, mt: MutationType) -> Option<(&recorder::Recorder, Arc<Fs>)> {
+        deferrable(mt).then(|| self.later()).flatten()
+    }
+
+    /// [`Fs::deferring`] of any entry.
+    fn later(&self) -> Option<(&recorder::Recorder, Arc<Fs>)> {
         let rec = self.recorder.get()?;
-        if !deferrable(mt)
-            || recorder::is_recorder()
+        if recorder::is_recorder()
             || self
                 .gate
                 .ledger
@@ -851,17 +869,7 @@ impl Fs {
         to: &Path,
         key: (u64, u64),
     ) -> Option<Slot> {
-        let rec = self.recorder.get()?;
-        if recorder::is_recorder()
-            || self
-                .gate
-                .ledger
-                .as_ref()
-                .is_some_and(|l| l.health().is_err())
-        {
-            return None;
-        }
-        let fs = self.me.get()?.upgrade()?;
+        let (rec, fs) = self.later()?;
         let bytes = Fs::entry_bytes([from, to], ident) + crate::ledger::ranges::RANGES_BYTES;
         rec.take(bytes, self.deferrable_bytes())
             .then(|| Slot { bytes, fs, key })
@@ -909,14 +917,7 @@ impl Fs {
                     }
                     draft.ranges = crate::ledger::changed_ranges(&k.old, &k.new);
                 }
-                fs.note_versions(&to, &mut draft);
-                if let Err(e) =
-                    fs.gate
-                        .record_as(&ident, &caller, MutationType::Rename, &to, draft, intent)
-                {
-                    fs.on_ledger_failure(&e);
-                    fs.rec_failed("a rename", &to, &e);
-                }
+                fs.record_queued(&ident, &caller, MutationType::Rename, &to, draft, intent);
                 {
                     let mut paths = fs.deferred_paths.lock();
                     for p in [&from, &to] {

@@ -321,6 +321,11 @@ fn age(s: &Store, hash: &str, t: std::time::SystemTime) {
     set_mtime(&s.locate(hash).unwrap().0, t);
 }
 
+/// The objects a gc removed (or would), in its order.
+fn removed(r: &super::gc::Report) -> Vec<&str> {
+    r.removed.iter().map(|x| x.hash.as_str()).collect()
+}
+
 #[test]
 fn gc_keeps_what_recent_entries_name_and_logs_what_it_removed() {
     use super::gc::{gc, removal_of, Retention, Why};
@@ -354,7 +359,7 @@ fn gc_keeps_what_recent_entries_name_and_logs_what_it_removed() {
 
     // A dry run decides the same and removes nothing.
     let r = gc(&s, &ledger, &keep30, now, true).unwrap();
-    let mut gone: Vec<&str> = r.removed.iter().map(|x| x.hash.as_str()).collect();
+    let mut gone = removed(&r);
     gone.sort();
     let mut want = vec![a.as_str(), c.as_str()];
     want.sort();
@@ -433,7 +438,7 @@ fn gc_with_a_size_budget_removes_the_oldest_referenced_first() {
         max_size: Some(2 * one + one / 2),
     };
     let r = gc(&s, &ledger, &budget, now, false).unwrap();
-    let gone: Vec<&str> = r.removed.iter().map(|x| x.hash.as_str()).collect();
+    let gone = removed(&r);
     assert_eq!(gone, vec![hashes[0].as_str(), hashes[1].as_str()]);
     assert!(r.removed.iter().all(|x| x.why == Why::OverBudget));
     assert!(s.has(&hashes[2]) && s.has(&hashes[3]));
@@ -626,22 +631,10 @@ fn gc_unpacks_sealed_packs_and_leaves_the_one_in_use() {
         max_size: None,
     };
     let dry = gc(&cli, &ledger, &keep, SystemTime::now(), true).unwrap();
-    assert_eq!(
-        dry.removed
-            .iter()
-            .map(|r| r.hash.as_str())
-            .collect::<Vec<_>>(),
-        [old.as_str()]
-    );
+    assert_eq!(removed(&dry), [old.as_str()]);
     assert_eq!((packs(&cli).len(), dry.packs_unpacked), (2, 0));
     let r = gc(&cli, &ledger, &keep, SystemTime::now(), false).unwrap();
-    assert_eq!(
-        r.removed
-            .iter()
-            .map(|r| r.hash.as_str())
-            .collect::<Vec<_>>(),
-        [old.as_str()]
-    );
+    assert_eq!(removed(&r), [old.as_str()]);
     assert_eq!(r.packs_unpacked, 1);
     // The sealed pack is gone, its named object loose with the pack's time; the pack in
     // use is whole.
