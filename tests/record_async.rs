@@ -849,3 +849,38 @@ os.rename('u.tmp', 'u')\n"
         "entries naming u before the RENAME that put the file there: {misplaced:#?}"
     );
 }
+
+/// A file opened to read only and closed owes no entry: its release is not queued on the
+/// recorder, so what the agent does next to the file (a save over it, a write open) does
+/// not wait for the recorder's queue. An editor reads a file, then saves over it.
+#[test]
+fn a_close_of_a_file_read_only_queues_nothing() {
+    for data in ["daemon", "passthrough"] {
+        let tm = mount(data);
+        let done = |tm: &TestMount| tm.status()["counters"]["record"]["done"].as_u64().unwrap();
+        python(&tm, "open('r.rs', 'w').write('fn a() {}\\n')\n");
+        let before = done(&tm);
+        python(
+            &tm,
+            "import os\nfor i in range(50):\n    open('r.rs', 'rb').read()\n    \
+             os.stat('r.rs')\n",
+        );
+        assert_eq!(done(&tm), before, "{data}: reads queued jobs on the recorder");
+        // Read, then save over it by rename, 20 times: each save is on record in order.
+        python(
+            &tm,
+            "import os\nfor i in range(20):\n    d = open('r.rs', 'rb').read()\n    \
+             open('r.tmp', 'wb').write(d + b'// %d\\n' % i)\n    os.rename('r.tmp', 'r.rs')\n",
+        );
+        let ledger = tm.mutations();
+        let renames = of(&ledger, "r.tmp")
+            .iter()
+            .filter(|e| e["mutation_type"] == "RENAME" && e["path"] == "r.rs")
+            .count();
+        assert_eq!(renames, 20, "{data}");
+        let body = std::fs::read_to_string(tm.ws.join("r.rs")).unwrap();
+        assert!(body.ends_with("// 19\n"), "{data}: {body}");
+        let (ok, v) = verify(&tm.ws);
+        assert!(ok, "{data}: {v}");
+    }
+}

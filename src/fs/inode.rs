@@ -205,6 +205,9 @@ pub struct InodeTable {
     /// with none owed (always, with `--record sync`) takes no mount-wide lock.
     owed: AtomicUsize,
     recorded: parking_lot::Condvar,
+    /// Wakes the recorder (`--record async`) for a thread about to wait for its entries:
+    /// it may be lingering (see [`super::recorder::LINGER`]).
+    recorder: std::sync::OnceLock<super::recorder::Waker>,
     /// Closes the handles of forgotten nodes (see [`super::closer`]).
     closer: super::closer::Closer,
 }
@@ -253,6 +256,7 @@ impl InodeTable {
             pending: Mutex::new(HashMap::new()),
             owed: AtomicUsize::new(0),
             recorded: parking_lot::Condvar::new(),
+            recorder: std::sync::OnceLock::new(),
             closer: super::closer::Closer::start(),
         })
     }
@@ -642,8 +646,11 @@ impl InodeTable {
             // takes the same locks to record what is owed.
             if !recorder && self.owed.load(Ordering::Acquire) != 0 {
                 let mut pending = self.pending.lock();
-                while waits(&pending) {
-                    self.recorded.wait(&mut pending);
+                if waits(&pending) {
+                    let _w = self.recorder.get().map(|w| w.waiting());
+                    while waits(&pending) {
+                        self.recorded.wait(&mut pending);
+                    }
                 }
             }
             let guards = self.lock_keys(keys);
@@ -762,9 +769,17 @@ impl InodeTable {
             return;
         }
         let mut pending = self.pending.lock();
-        while pending.contains_key(&key) {
-            self.recorded.wait(&mut pending);
+        if pending.contains_key(&key) {
+            let _w = self.recorder.get().map(|w| w.waiting());
+            while pending.contains_key(&key) {
+                self.recorded.wait(&mut pending);
+            }
         }
+    }
+
+    /// The recorder to wake before waiting for entries owed.
+    pub fn set_recorder(&self, w: super::recorder::Waker) {
+        let _ = self.recorder.set(w);
     }
 
     /// Workspace-relative path of a node by its primary names, as the daemon knows it.

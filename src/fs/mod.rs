@@ -405,6 +405,9 @@ impl Fs {
         if self.recorder.get().is_none() {
             let _ = self.recorder.set(recorder::Recorder::start()?);
         }
+        if let Some(r) = self.recorder.get() {
+            self.table.set_recorder(r.waker());
+        }
         let _ = self.me.set(Arc::downgrade(self));
         Ok(())
     }
@@ -701,9 +704,12 @@ impl Fs {
         if self.deferred_renames.load(Ordering::Acquire) != 0 && !recorder::is_recorder() {
             let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
             let mut paths = self.deferred_paths.lock();
-            while paths.contains_key(rel)
-                || draft.from.as_ref().is_some_and(|f| paths.contains_key(f))
-            {
+            let named = |paths: &HashMap<PathBuf, u32>| {
+                paths.contains_key(rel)
+                    || draft.from.as_ref().is_some_and(|f| paths.contains_key(f))
+            };
+            let _w = named(&paths).then(|| self.recorder.get().map(|r| r.waiting()));
+            while named(&paths) {
                 if self.deferred_done.wait_until(&mut paths, until).timed_out() {
                     tracing::warn!(path = %rel.display(), "an entry naming a path renamed before it waited 2 s for the rename's entry: written now");
                     break;
@@ -854,8 +860,11 @@ impl Fs {
             return;
         }
         let mut paths = self.deferred_paths.lock();
-        while paths.contains_key(rel) {
-            self.deferred_done.wait(&mut paths);
+        if paths.contains_key(rel) {
+            let _w = self.recorder.get().map(|r| r.waiting());
+            while paths.contains_key(rel) {
+                self.deferred_done.wait(&mut paths);
+            }
         }
     }
 

@@ -37,15 +37,28 @@
 //! them as drift (changes the ledger does not explain).
 
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
+use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Jobs queued at most: a close that finds the queue full waits (the agent cannot run
 /// ahead of the ledger by more than this many closes). A job queued by a caller that holds
 /// what the recorder may need ([`Recorder::queue_held`]) never waits: at most one such a
 /// request, each after an entry owed by its file.
 pub const QUEUE: usize = 256;
+
+/// How long the recorder stays up after its last job for the next one before it sleeps
+/// until woken. A job queued meanwhile is not woken for: it runs when the time is up. An
+/// agent's closes come in bursts (a save is two), and waking a sleeping thread on another
+/// CPU took the serving thread 5–10 µs a close (a futex wake and an inter-processor
+/// interrupt, a fifth of a `FLUSH`); the recorder's own timer costs the serving thread
+/// nothing. Whoever waits for a job wakes it at once ([`Waker`]).
+pub const LINGER: Duration = Duration::from_millis(1);
+
+/// Jobs queued while the recorder lingers before one wakes it all the same.
+const BATCH: usize = 32;
 
 /// When a close's entry is written (`intentfs mount --record`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -97,10 +110,94 @@ pub struct Stats {
 }
 
 pub struct Recorder {
-    tx: Sender<Msg>,
+    queue: Arc<Queue>,
     pub stats: Arc<Stats>,
     /// Signalled after each job: room in the queue.
     room: Arc<(parking_lot::Mutex<()>, parking_lot::Condvar)>,
+}
+
+/// The jobs queued, shared by the threads that queue them and the recorder's.
+struct Queue {
+    inner: parking_lot::Mutex<Queued>,
+    bell: parking_lot::Condvar,
+    /// Threads waiting for a job ([`Waker::waiting`]): while there are any, a job queued
+    /// wakes the recorder even when it lingers (the job waited for may be queued after
+    /// the thread began to wait: a release's, marked owed before it is queued).
+    waiting: std::sync::atomic::AtomicUsize,
+    /// [`LINGER`] (longer in tests).
+    linger: Duration,
+}
+
+struct Queued {
+    msgs: VecDeque<Msg>,
+    state: State,
+    /// No more jobs are taken: the recorder's thread is gone, or the recorder dropped.
+    closed: bool,
+}
+
+/// What the recorder's thread is doing, as the threads that queue see it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Running jobs: it looks at the queue again before it sleeps.
+    Running,
+    /// Waiting [`LINGER`] for the next job: one queued is run when the time is up.
+    Lingering,
+    /// Sleeping until woken: a job queued wakes it.
+    Asleep,
+}
+
+impl Queue {
+    /// Queue `msg`, waking the recorder if it sleeps (or lingers with a batch queued, or
+    /// `now`); `Err(msg)` when it takes no more.
+    fn push(&self, msg: Msg, now: bool) -> Result<(), Msg> {
+        let mut q = self.inner.lock();
+        if q.closed {
+            return Err(msg);
+        }
+        q.msgs.push_back(msg);
+        let wake = match q.state {
+            State::Running => false,
+            State::Lingering => {
+                now || q.msgs.len() >= BATCH || self.waiting.load(Ordering::SeqCst) > 0
+            }
+            State::Asleep => true,
+        };
+        drop(q);
+        if wake {
+            self.bell.notify_one();
+        }
+        Ok(())
+    }
+
+    fn wake(&self) {
+        if self.inner.lock().state != State::Running {
+            self.bell.notify_one();
+        }
+    }
+}
+
+/// Wakes the recorder at once, for a thread about to wait for a job queued (the inode
+/// table's waiters, a request waiting for a rename's entry).
+#[derive(Clone)]
+pub struct Waker(Arc<Queue>);
+
+impl Waker {
+    /// The recorder woken now, and by every job queued until the guard is dropped: for a
+    /// thread about to wait for a job queued or about to be.
+    pub fn waiting(&self) -> Waiting<'_> {
+        self.0.waiting.fetch_add(1, Ordering::SeqCst);
+        self.0.wake();
+        Waiting(&self.0)
+    }
+}
+
+/// See [`Waker::waiting`].
+pub struct Waiting<'a>(&'a Queue);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 enum Msg {
@@ -112,20 +209,45 @@ enum Msg {
 
 impl Recorder {
     pub fn start() -> std::io::Result<Recorder> {
-        let (tx, rx) = channel::<Msg>();
+        Recorder::start_lingering(LINGER)
+    }
+
+    /// [`Recorder::start`], staying up `linger` after its last job.
+    fn start_lingering(linger: Duration) -> std::io::Result<Recorder> {
+        let queue = Arc::new(Queue {
+            inner: parking_lot::Mutex::new(Queued {
+                msgs: VecDeque::new(),
+                state: State::Running,
+                closed: false,
+            }),
+            bell: parking_lot::Condvar::new(),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
+            linger,
+        });
         let stats = Arc::new(Stats::default());
         let room = Arc::new((parking_lot::Mutex::new(()), parking_lot::Condvar::new()));
-        let (theirs, their_room) = (stats.clone(), room.clone());
+        let (theirs, their_room, their_queue) = (stats.clone(), room.clone(), queue.clone());
         std::thread::Builder::new()
             .name("intentfs-record".into())
             .spawn(move || {
-                // (Marked gone however the thread ends, a panic's unwinding included, once
-                // its queue is closed: a job queued from then on runs where it is queued.)
-                let _gone = Gone(&theirs, &their_room);
-                let rx = rx;
-                run(&rx, &theirs, &their_room);
+                // (Marked gone however the thread ends, a panic's unwinding included, and
+                // its queue closed: a job queued from then on runs where it is queued.)
+                let _gone = Gone(&theirs, &their_room, &their_queue);
+                run(&their_queue, &theirs, &their_room);
             })?;
-        Ok(Recorder { tx, stats, room })
+        Ok(Recorder { queue, stats, room })
+    }
+
+    /// What wakes the recorder for a thread about to wait for its jobs.
+    pub fn waker(&self) -> Waker {
+        Waker(self.queue.clone())
+    }
+
+    /// [`Waker::waiting`].
+    pub fn waiting(&self) -> Waiting<'_> {
+        self.queue.waiting.fetch_add(1, Ordering::SeqCst);
+        self.queue.wake();
+        Waiting(&self.queue)
     }
 
     /// Count `bytes` more for a job about to be queued, when the jobs queued would then
@@ -188,8 +310,8 @@ impl Recorder {
     }
 
     fn send(&self, job: Job, bytes: u64) {
-        if let Err(e) = self.tx.send(Msg::Job(job, bytes)) {
-            if let Msg::Job(job, _) = e.0 {
+        if let Err(e) = self.queue.push(Msg::Job(job, bytes), false) {
+            if let Msg::Job(job, _) = e {
                 let was = RECORDER.with(|r| r.replace(true));
                 job();
                 RECORDER.with(|r| r.set(was));
@@ -205,41 +327,74 @@ impl Recorder {
             return;
         }
         let (tx, rx) = sync_channel::<()>(1);
-        if self.tx.send(Msg::Mark(tx)).is_ok() {
+        if self.queue.push(Msg::Mark(tx), true).is_ok() {
             let _ = rx.recv();
         }
     }
 }
 
-/// Sets [`Stats::gone`] when dropped, and wakes whoever waits for room.
+impl Drop for Recorder {
+    /// The thread runs what is queued, then ends.
+    fn drop(&mut self) {
+        self.queue.inner.lock().closed = true;
+        self.queue.bell.notify_one();
+    }
+}
+
+/// Sets [`Stats::gone`] when dropped, closes the queue (what is left in it is dropped: a
+/// drain waiting for it returns), and wakes whoever waits for room.
 struct Gone<'a>(
     &'a Stats,
     &'a (parking_lot::Mutex<()>, parking_lot::Condvar),
+    &'a Queue,
 );
 
 impl Drop for Gone<'_> {
     fn drop(&mut self) {
         self.0.gone.store(true, Ordering::Release);
+        let left = {
+            let mut q = self.2.inner.lock();
+            q.closed = true;
+            std::mem::take(&mut q.msgs)
+        };
+        drop(left);
         let _g = self.1 .0.lock();
         self.1 .1.notify_all();
     }
 }
 
-fn run(rx: &Receiver<Msg>, stats: &Stats, room: &(parking_lot::Mutex<()>, parking_lot::Condvar)) {
+fn run(queue: &Queue, stats: &Stats, room: &(parking_lot::Mutex<()>, parking_lot::Condvar)) {
     RECORDER.with(|r| r.set(true));
-    while let Ok(msg) = rx.recv() {
-        match msg {
-            Msg::Job(job, bytes) => {
-                job();
-                stats.done.fetch_add(1, Ordering::Relaxed);
-                stats.bytes.fetch_sub(bytes, Ordering::AcqRel);
-                stats.queued.fetch_sub(1, Ordering::Release);
-                let _g = room.0.lock();
-                room.1.notify_all();
+    let mut q = queue.inner.lock();
+    loop {
+        if let Some(msg) = q.msgs.pop_front() {
+            q.state = State::Running;
+            drop(q);
+            match msg {
+                Msg::Job(job, bytes) => {
+                    job();
+                    stats.done.fetch_add(1, Ordering::Relaxed);
+                    stats.bytes.fetch_sub(bytes, Ordering::AcqRel);
+                    stats.queued.fetch_sub(1, Ordering::Release);
+                    let _g = room.0.lock();
+                    room.1.notify_all();
+                }
+                Msg::Mark(tx) => {
+                    let _ = tx.send(());
+                }
             }
-            Msg::Mark(tx) => {
-                let _ = tx.send(());
-            }
+            q = queue.inner.lock();
+            continue;
+        }
+        if q.closed {
+            return;
+        }
+        if q.state == State::Running {
+            q.state = State::Lingering;
+            queue.bell.wait_for(&mut q, queue.linger);
+        } else {
+            q.state = State::Asleep;
+            queue.bell.wait(&mut q);
         }
     }
 }
@@ -338,6 +493,72 @@ mod tests {
         }
         r.drain();
         assert_eq!(*ran.lock().unwrap(), QUEUE * 2);
+    }
+
+    /// A job queued while the recorder lingers runs when whoever waits for it says so
+    /// ([`Waker::waiting`]), and so does every job queued while they wait; a job queued
+    /// while it sleeps wakes it; jobs queued from many threads at any moment all run,
+    /// nobody draining.
+    #[test]
+    fn a_lingering_recorder_runs_what_a_waiter_waits_for() {
+        let r = Recorder::start_lingering(Duration::from_secs(3600)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<u32>();
+        let job = |i: u32| -> Job {
+            let tx = tx.clone();
+            Box::new(move || tx.send(i).unwrap())
+        };
+        let lingering = |r: &Recorder| {
+            let t0 = std::time::Instant::now();
+            while r.queue.inner.lock().state != State::Lingering {
+                assert!(t0.elapsed() < Duration::from_secs(10), "the recorder never lingered");
+                std::thread::yield_now();
+            }
+        };
+        let ten = Duration::from_secs(10);
+        r.queue(job(1), 0);
+        assert_eq!(rx.recv_timeout(ten), Ok(1));
+        lingering(&r);
+        // Queued while it lingers (for an hour): not run yet.
+        r.queue(job(2), 0);
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+        {
+            let w = r.waker();
+            let _waiting = w.waiting();
+            assert_eq!(rx.recv_timeout(ten), Ok(2));
+            lingering(&r);
+            r.queue(job(3), 0);
+            assert_eq!(rx.recv_timeout(ten), Ok(3), "a job queued while one waits");
+        }
+        // Nobody waits: lingering again, a job waits for the drain that asks for it.
+        lingering(&r);
+        r.queue(job(4), 0);
+        r.drain();
+        assert_eq!(rx.try_recv(), Ok(4));
+        drop(r);
+
+        // The default linger: many threads, jobs at any moment, every one runs.
+        let r = Arc::new(Recorder::start().unwrap());
+        let threads: Vec<_> = (0..4u32)
+            .map(|t| {
+                let (r, tx) = (r.clone(), tx.clone());
+                std::thread::spawn(move || {
+                    for i in 0..200u32 {
+                        let tx = tx.clone();
+                        r.queue(Box::new(move || tx.send(t * 1000 + i).unwrap()), 0);
+                        if i % 7 == 0 {
+                            std::thread::sleep(Duration::from_micros(u64::from(i % 5) * 700));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let mut got: Vec<u32> = (0..800).map(|_| rx.recv_timeout(ten).unwrap()).collect();
+        got.sort_unstable();
+        let want: Vec<u32> = (0..4).flat_map(|t| (0..200).map(move |i| t * 1000 + i)).collect();
+        assert_eq!(got, want);
     }
 
     /// What the jobs queued take is counted until they have run, and a job that would

@@ -595,7 +595,10 @@ impl Fs {
             Some(Handle::File(h)) => h.clone(),
             _ => return None,
         };
-        // (A handle that may change its file: write access, `O_TRUNC`, a create.)
+        // (A handle that may change its file: write access, `O_TRUNC`, a create. One
+        // opened to read only records nothing: it is released at once, owing nothing, so
+        // a rename over the file or a write open of it does not wait for the recorder.)
+        drop(h.write_state()?);
         // Its close's entry still queued with the names it fixed, or already written with
         // nothing changed since, and nothing the release may record besides (no shared
         // mapping of a write-only handle, no writer from outside, no closer untracked): a
