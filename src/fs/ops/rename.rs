@@ -416,7 +416,11 @@ impl Fs {
         let pfd = self.fd(&p)?;
         let npfd = self.fd(&np)?;
         let from = self.child_rel(&p, name)?;
-        let to = self.child_rel(&np, newname)?;
+        // (Within one directory, as an editor's save is, its path is looked up once.)
+        let to = match from.parent() {
+            Some(dir) if parent == newparent => dir.join(newname),
+            _ => self.child_rel(&np, newname)?,
+        };
         let src = sys::stat_at(pfd.as_fd(), name)?;
         let dst = sys::stat_at(npfd.as_fd(), newname).ok();
         Ok(RenameReq {
