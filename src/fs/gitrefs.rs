@@ -1434,6 +1434,8 @@ impl Fs {
     pub(crate) fn writers_gone(&self, node: &super::inode::Node) -> bool {
         self.settled(node);
         let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+        // (A release queued while this waits wakes the recorder, lingering or not.)
+        let _w = self.recorder.get().map(|r| r.waiting());
         while node.open_file_handles().iter().any(|h| h.writable) {
             if std::time::Instant::now() >= deadline {
                 return false;

@@ -174,6 +174,13 @@ impl Queue {
             self.bell.notify_one();
         }
     }
+
+    /// See [`Waker::waiting`].
+    fn waiting(&self) -> Waiting<'_> {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        self.wake();
+        Waiting(self)
+    }
 }
 
 /// Wakes the recorder at once, for a thread about to wait for a job queued (the inode
@@ -185,9 +192,7 @@ impl Waker {
     /// The recorder woken now, and by every job queued until the guard is dropped: for a
     /// thread about to wait for a job queued or about to be.
     pub fn waiting(&self) -> Waiting<'_> {
-        self.0.waiting.fetch_add(1, Ordering::SeqCst);
-        self.0.wake();
-        Waiting(&self.0)
+        self.0.waiting()
     }
 }
 
@@ -245,9 +250,7 @@ impl Recorder {
 
     /// [`Waker::waiting`].
     pub fn waiting(&self) -> Waiting<'_> {
-        self.queue.waiting.fetch_add(1, Ordering::SeqCst);
-        self.queue.wake();
-        Waiting(&self.queue)
+        self.queue.waiting()
     }
 
     /// Count `bytes` more for a job about to be queued, when the jobs queued would then
