@@ -865,7 +865,11 @@ fn a_close_of_a_file_read_only_queues_nothing() {
             "import os\nfor i in range(50):\n    open('r.rs', 'rb').read()\n    \
              os.stat('r.rs')\n",
         );
-        assert_eq!(done(&tm), before, "{data}: reads queued jobs on the recorder");
+        assert_eq!(
+            done(&tm),
+            before,
+            "{data}: reads queued jobs on the recorder"
+        );
         // Read, then save over it by rename, 20 times: each save is on record in order.
         python(
             &tm,

@@ -1435,7 +1435,7 @@ impl Fs {
         self.settled(node);
         let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
         // (A release queued while this waits wakes the recorder, lingering or not.)
-        let _w = self.recorder.get().map(|r| r.waiting());
+        let _w = self.recorder.get().map(|r| r.waker().waiting());
         while node.open_file_handles().iter().any(|h| h.writable) {
             if std::time::Instant::now() >= deadline {
                 return false;

@@ -646,12 +646,8 @@ impl InodeTable {
             // takes the same locks to record what is owed.
             if !recorder && self.owed.load(Ordering::Acquire) != 0 {
                 let mut pending = self.pending.lock();
-                if waits(&pending) {
-                    let _w = self.recorder.get().map(|w| w.waiting());
-                    while waits(&pending) {
-                        self.recorded.wait(&mut pending);
-                    }
-                }
+                let rec = self.recorder.get();
+                super::recorder::wait_while(rec, &self.recorded, &mut pending, waits, None);
             }
             let guards = self.lock_keys(keys);
             if recorder || self.owed.load(Ordering::Acquire) == 0 {
@@ -769,12 +765,14 @@ impl InodeTable {
             return;
         }
         let mut pending = self.pending.lock();
-        if pending.contains_key(&key) {
-            let _w = self.recorder.get().map(|w| w.waiting());
-            while pending.contains_key(&key) {
-                self.recorded.wait(&mut pending);
-            }
-        }
+        let owes = |p: &HashMap<(u64, u64), Owing>| p.contains_key(&key);
+        super::recorder::wait_while(
+            self.recorder.get(),
+            &self.recorded,
+            &mut pending,
+            owes,
+            None,
+        );
     }
 
     /// The recorder to wake before waiting for entries owed.

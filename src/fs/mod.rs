@@ -406,7 +406,7 @@ impl Fs {
             let _ = self.recorder.set(recorder::Recorder::start()?);
         }
         if let Some(r) = self.recorder.get() {
-            self.table.set_recorder(r.waker());
+            self.table.set_recorder(r.waker().clone());
         }
         let _ = self.me.set(Arc::downgrade(self));
         Ok(())
@@ -708,12 +708,9 @@ impl Fs {
                 paths.contains_key(rel)
                     || draft.from.as_ref().is_some_and(|f| paths.contains_key(f))
             };
-            let _w = named(&paths).then(|| self.recorder.get().map(|r| r.waiting()));
-            while named(&paths) {
-                if self.deferred_done.wait_until(&mut paths, until).timed_out() {
-                    tracing::warn!(path = %rel.display(), "an entry naming a path renamed before it waited 2 s for the rename's entry: written now");
-                    break;
-                }
+            let rec = self.recorder.get().map(recorder::Recorder::waker);
+            if recorder::wait_while(rec, &self.deferred_done, &mut paths, named, Some(until)) {
+                tracing::warn!(path = %rel.display(), "an entry naming a path renamed before it waited 2 s for the rename's entry: written now");
             }
         }
         // Every content hash the entry names resolves in the store, or the entry says why.
@@ -860,12 +857,9 @@ impl Fs {
             return;
         }
         let mut paths = self.deferred_paths.lock();
-        if paths.contains_key(rel) {
-            let _w = self.recorder.get().map(|r| r.waiting());
-            while paths.contains_key(rel) {
-                self.deferred_done.wait(&mut paths);
-            }
-        }
+        let named = |p: &HashMap<PathBuf, u32>| p.contains_key(rel);
+        let rec = self.recorder.get().map(recorder::Recorder::waker);
+        recorder::wait_while(rec, &self.deferred_done, &mut paths, named, None);
     }
 
     /// `--record async`, off the recorder's own thread, with a ledger that can be written:

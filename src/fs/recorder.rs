@@ -110,7 +110,8 @@ pub struct Stats {
 }
 
 pub struct Recorder {
-    queue: Arc<Queue>,
+    /// Its queue (shared with the thread, and with whoever waits for its jobs).
+    waker: Waker,
     pub stats: Arc<Stats>,
     /// Signalled after each job: room in the queue.
     room: Arc<(parking_lot::Mutex<()>, parking_lot::Condvar)>,
@@ -168,19 +169,6 @@ impl Queue {
         }
         Ok(())
     }
-
-    fn wake(&self) {
-        if self.inner.lock().state != State::Running {
-            self.bell.notify_one();
-        }
-    }
-
-    /// See [`Waker::waiting`].
-    fn waiting(&self) -> Waiting<'_> {
-        self.waiting.fetch_add(1, Ordering::SeqCst);
-        self.wake();
-        Waiting(self)
-    }
 }
 
 /// Wakes the recorder at once, for a thread about to wait for a job queued (the inode
@@ -192,8 +180,40 @@ impl Waker {
     /// The recorder woken now, and by every job queued until the guard is dropped: for a
     /// thread about to wait for a job queued or about to be.
     pub fn waiting(&self) -> Waiting<'_> {
-        self.0.waiting()
+        let q = &*self.0;
+        q.waiting.fetch_add(1, Ordering::SeqCst);
+        if q.inner.lock().state != State::Running {
+            q.bell.notify_one();
+        }
+        Waiting(q)
     }
+}
+
+/// Wait on `cv` (`g`: its mutex, held) while `cond` holds, until `until` when given, with
+/// the recorder woken for it ([`Waker::waiting`]) when it is waited for at all: for a
+/// thread waiting for the recorder's jobs. Whether the time ran out.
+pub fn wait_while<T>(
+    waker: Option<&Waker>,
+    cv: &parking_lot::Condvar,
+    g: &mut parking_lot::MutexGuard<'_, T>,
+    mut cond: impl FnMut(&T) -> bool,
+    until: Option<std::time::Instant>,
+) -> bool {
+    if !cond(g) {
+        return false;
+    }
+    let _w = waker.map(Waker::waiting);
+    while cond(g) {
+        match until {
+            Some(t) => {
+                if cv.wait_until(g, t).timed_out() {
+                    return true;
+                }
+            }
+            None => cv.wait(g),
+        }
+    }
+    false
 }
 
 /// See [`Waker::waiting`].
@@ -240,17 +260,16 @@ impl Recorder {
                 let _gone = Gone(&theirs, &their_room, &their_queue);
                 run(&their_queue, &theirs, &their_room);
             })?;
-        Ok(Recorder { queue, stats, room })
+        Ok(Recorder {
+            waker: Waker(queue),
+            stats,
+            room,
+        })
     }
 
     /// What wakes the recorder for a thread about to wait for its jobs.
-    pub fn waker(&self) -> Waker {
-        Waker(self.queue.clone())
-    }
-
-    /// [`Waker::waiting`].
-    pub fn waiting(&self) -> Waiting<'_> {
-        self.queue.waiting()
+    pub fn waker(&self) -> &Waker {
+        &self.waker
     }
 
     /// Count `bytes` more for a job about to be queued, when the jobs queued would then
@@ -313,7 +332,7 @@ impl Recorder {
     }
 
     fn send(&self, job: Job, bytes: u64) {
-        if let Err(e) = self.queue.push(Msg::Job(job, bytes), false) {
+        if let Err(e) = self.waker.0.push(Msg::Job(job, bytes), false) {
             if let Msg::Job(job, _) = e {
                 let was = RECORDER.with(|r| r.replace(true));
                 job();
@@ -330,7 +349,7 @@ impl Recorder {
             return;
         }
         let (tx, rx) = sync_channel::<()>(1);
-        if self.queue.push(Msg::Mark(tx), true).is_ok() {
+        if self.waker.0.push(Msg::Mark(tx), true).is_ok() {
             let _ = rx.recv();
         }
     }
@@ -339,8 +358,8 @@ impl Recorder {
 impl Drop for Recorder {
     /// The thread runs what is queued, then ends.
     fn drop(&mut self) {
-        self.queue.inner.lock().closed = true;
-        self.queue.bell.notify_one();
+        self.waker.0.inner.lock().closed = true;
+        self.waker.0.bell.notify_one();
     }
 }
 
@@ -512,8 +531,11 @@ mod tests {
         };
         let lingering = |r: &Recorder| {
             let t0 = std::time::Instant::now();
-            while r.queue.inner.lock().state != State::Lingering {
-                assert!(t0.elapsed() < Duration::from_secs(10), "the recorder never lingered");
+            while r.waker.0.inner.lock().state != State::Lingering {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "the recorder never lingered"
+                );
                 std::thread::yield_now();
             }
         };
@@ -560,7 +582,9 @@ mod tests {
         }
         let mut got: Vec<u32> = (0..800).map(|_| rx.recv_timeout(ten).unwrap()).collect();
         got.sort_unstable();
-        let want: Vec<u32> = (0..4).flat_map(|t| (0..200).map(move |i| t * 1000 + i)).collect();
+        let want: Vec<u32> = (0..4)
+            .flat_map(|t| (0..200).map(move |i| t * 1000 + i))
+            .collect();
         assert_eq!(got, want);
     }
 

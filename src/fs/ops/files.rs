@@ -598,18 +598,18 @@ impl Fs {
         // (A handle that may change its file: write access, `O_TRUNC`, a create. One
         // opened to read only records nothing: it is released at once, owing nothing, so
         // a rename over the file or a write open of it does not wait for the recorder.)
-        drop(h.write_state()?);
         // Its close's entry still queued with the names it fixed, or already written with
         // nothing changed since, and nothing the release may record besides (no shared
         // mapping of a write-only handle, no writer from outside, no closer untracked): a
         // rename of the file by its identity may pass it (see `Fs::rename`). Otherwise what
         // it records is named when it runs, so it must come before any rename.
-        let named = h.write_state().is_some_and(|w| {
+        let named = {
+            let w = h.write_state()?;
             !w.rdwr
                 && w.outside.is_empty()
                 && !w.closers_untracked
                 && (w.at_close.is_some() || !(w.dirty || w.wrote || w.created))
-        });
+        };
         let key = (h.node.dev, h.node.ino);
         self.table.owe_now(key, &h.identity.key, named);
         Some(Owed {
