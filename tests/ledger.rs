@@ -1349,24 +1349,32 @@ fn async_mode_changes_answered_on_a_disk_filled_behind_the_ledgers_back_are_all_
 #[test]
 fn a_close_being_hashed_holds_up_no_other_file() {
     let mut tm = TestMount::builder().policy(ALLOW_ALL).intent("ALL").mount();
-    let big = std::fs::File::create(tm.m("big")).unwrap();
-    let mut files = Vec::new();
-    for i in 0..8000 {
+    // 64 * 16 + 1 files: one old stripe has 17 of them (sequential inode numbers are far
+    // from spread evenly by the old hash: 3 to 180 of 8000 files per stripe on ext4, so
+    // looking for 16 files on a given file's stripe could come up short). The first of
+    // them is the big file. (None is removed: a freed inode number would come back.)
+    let mut by_stripe: Vec<Vec<String>> = vec![Vec::new(); 64];
+    for i in 0..64 * 16 + 1 {
         let f = format!("f{i}");
         std::fs::write(tm.m(&f), "x\n").unwrap();
-        // (The others stay: a freed inode number would come back to the next file.)
-        if old_stripe(&tm.w(&f)) == old_stripe(&tm.w("big")) {
-            files.push(f);
-            if files.len() == 16 {
-                break;
-            }
-        }
+        by_stripe[old_stripe(&tm.w(&f)) as usize].push(f);
     }
-    assert_eq!(
-        files.len(),
-        16,
-        "too few files on the big file's old stripe"
-    );
+    let mut files = by_stripe.into_iter().max_by_key(Vec::len).unwrap();
+    files.truncate(17);
+    let big_name = files.remove(0);
+    assert_eq!(files.len(), 16);
+    let big_writes = |tm: &TestMount| {
+        read_ledger(&tm.w(LEDGER_REL))
+            .iter()
+            .filter(|e| e["mutation_type"] == "WRITE" && e["path"] == big_name.as_str())
+            .count()
+    };
+    let big_before = big_writes(&tm);
+    let big = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(tm.m(&big_name))
+        .unwrap();
     std::os::unix::fs::FileExt::write_at(&big, b"x", 4 << 30).unwrap();
     let closer = std::thread::spawn(move || drop(big));
     // (The close's request reaches the daemon well before its 4 GiB are hashed.)
@@ -1383,9 +1391,7 @@ fn a_close_being_hashed_holds_up_no_other_file() {
         std::fs::set_permissions(tm.m(f), std::fs::Permissions::from_mode(0o600)).unwrap();
     }
     // The close's entry, written once the file is hashed, is not on record yet.
-    let big_recorded = read_ledger(&tm.w(LEDGER_REL))
-        .iter()
-        .any(|e| e["mutation_type"] == "WRITE" && e["path"] == "big");
+    let big_recorded = big_writes(&tm) > big_before;
     closer.join().unwrap();
     assert!(
         !big_recorded,
@@ -1395,11 +1401,7 @@ fn a_close_being_hashed_holds_up_no_other_file() {
     // The close's entry, then the stop: hashing and keeping 4 GiB takes seconds, more than
     // the stop waits for a daemon under a loaded run (it was killed with the entries still
     // queued, one run in eight).
-    let recorded = wait_until(Duration::from_secs(300), || {
-        read_ledger(&tm.w(LEDGER_REL))
-            .iter()
-            .any(|e| e["mutation_type"] == "WRITE" && e["path"] == "big")
-    });
+    let recorded = wait_until(Duration::from_secs(300), || big_writes(&tm) > big_before);
     assert!(
         recorded,
         "the close of the 4 GiB file never reached the ledger"
@@ -1421,7 +1423,7 @@ fn a_close_being_hashed_holds_up_no_other_file() {
             "{f}: no CHMOD on record"
         );
     }
-    assert!(!entries_of(&l, "WRITE", "big").is_empty());
+    assert!(entries_of(&l, "WRITE", &big_name).len() > big_before);
 }
 
 /// Which of the 64 stale-lock stripes the daemon had before it had one lock per file

@@ -406,21 +406,58 @@ impl InodeTable {
         fd: Option<OwnedFd>,
         st: &sys::Stat,
     ) -> Arc<Node> {
-        let node = self.get_or_insert(parent, name, st);
+        let (node, gained) = self.get_or_insert(parent, name, st);
         if let Some(fd) = fd {
             if node.fd.lock().is_none() {
                 self.install_fd(&node, fd);
             }
         }
+        if gained && node.is_reg() {
+            self.note_names(&node);
+        }
         node
+    }
+
+    /// A file just gained a name (a hard link made or looked up): where its names are now,
+    /// kept with those it came back with (see `Node::remembered`). The kernel may forget
+    /// its directory before it (it frees inodes in no set order under memory pressure), and
+    /// the forget of the file can then no longer say where its names were.
+    fn note_names(&self, node: &Node) {
+        let paths = self.alias_paths(node);
+        let mut remembered = node.remembered.lock();
+        for p in paths {
+            if !remembered.contains(&p) {
+                remembered.insert(0, p);
+            }
+        }
+        remembered.truncate(MAX_ALIASES);
+    }
+
+    /// The workspace paths of a node's known names whose directories are known.
+    fn alias_paths(&self, node: &Node) -> Vec<std::path::PathBuf> {
+        let mut paths = Vec::new();
+        for (parent, name) in node.aliases() {
+            let dir = if parent == ROOT {
+                Some(std::path::PathBuf::new())
+            } else {
+                self.get(parent).and_then(|p| self.path_of(&p))
+            };
+            if let Some(p) = dir.map(|d| d.join(name)) {
+                if !paths.contains(&p) {
+                    paths.push(p);
+                }
+            }
+        }
+        paths
     }
 
     /// The node of `parent/name` (the known one for its backing inode, or a new one),
     /// with its lookup count raised under the table's lock: a concurrent FORGET that takes
     /// the count to zero removes the node under that lock too, so the count a lookup adds
     /// is never added to a node already dropped (the kernel would then hold a node id the
-    /// daemon no longer knows, and every request on it would fail with ENOENT).
-    fn get_or_insert(&self, parent: u64, name: &OsStr, st: &sys::Stat) -> Arc<Node> {
+    /// daemon no longer knows, and every request on it would fail with ENOENT). And whether
+    /// a known node gained a name.
+    fn get_or_insert(&self, parent: u64, name: &OsStr, st: &sys::Stat) -> (Arc<Node>, bool) {
         let mut inner = self.inner.lock();
         if let Some(node) = inner
             .by_backing
@@ -430,7 +467,8 @@ impl InodeTable {
             let node = node.clone();
             node.nlookup.fetch_add(1, Ordering::AcqRel);
             let mut names = node.names.lock();
-            if !names.iter().any(|(p, n)| *p == parent && n == name) {
+            let gained = !names.iter().any(|(p, n)| *p == parent && n == name);
+            if gained {
                 if names.len() >= MAX_ALIASES {
                     names.pop();
                 }
@@ -445,7 +483,7 @@ impl InodeTable {
                 names.insert(0, (parent, name.to_os_string()));
             }
             drop(names);
-            return node;
+            return (node, gained);
         }
         let remembered = inner
             .remembered
@@ -478,7 +516,7 @@ impl InodeTable {
         });
         inner.nodes.insert(nodeid, node.clone());
         inner.by_backing.insert((st.st_dev, st.st_ino), nodeid);
-        node
+        (node, false)
     }
 
     /// The kernel forgot `n` lookups of a node.
@@ -495,23 +533,12 @@ impl InodeTable {
             .unwrap_or(0);
         if prev <= n {
             // A file with several names: where they are, while the directories above them
-            // are still known (the kernel forgets a file before its directory).
+            // are still known (the kernel mostly forgets a file before its directory; when
+            // not, the names noted as it gained them stand in, see `note_names`).
             let names = if node.is_reg()
                 && (node.names.lock().len() > 1 || !node.remembered.lock().is_empty())
             {
-                let mut paths = Vec::new();
-                for (parent, name) in node.aliases() {
-                    let dir = if parent == ROOT {
-                        Some(std::path::PathBuf::new())
-                    } else {
-                        self.get(parent).and_then(|p| self.path_of(&p))
-                    };
-                    if let Some(p) = dir.map(|d| d.join(name)) {
-                        if !paths.contains(&p) {
-                            paths.push(p);
-                        }
-                    }
-                }
+                let mut paths = self.alias_paths(&node);
                 // (Then those it had itself come back with: a name the kernel did not look
                 // up again since is still one. As many as a node keeps names.)
                 for p in node.remembered.lock().iter() {
@@ -901,6 +928,44 @@ mod tests {
             "{} eviction entries (each keeps a node's memory) for {} open handles",
             table.lru_len(),
             table.open_handles()
+        );
+    }
+
+    /// The kernel frees inodes in no set order under memory pressure: it may forget a
+    /// directory before a hard-linked file in it. The file's names are then known all the
+    /// same when it is looked up again by one of them (found open: the forget of the file
+    /// could no longer say where its names were, and a change through the one name looked
+    /// up again was refused for a name unknown to the mount).
+    #[test]
+    fn a_file_forgotten_after_its_directory_comes_back_with_its_names() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        std::fs::write(dir.path().join("d/a.txt"), b"x").unwrap();
+        std::fs::hard_link(dir.path().join("d/a.txt"), dir.path().join("d/b.txt")).unwrap();
+        let root = sys::open_root(dir.path()).unwrap();
+        let table = InodeTable::new(root, 64).unwrap();
+        let look = |parent: &Arc<Node>, name: &str| {
+            let pfd = table.fd(parent).unwrap();
+            let fd = sys::open_path(pfd.as_fd(), OsStr::new(name)).unwrap();
+            let st = sys::stat_fd(fd.as_fd()).unwrap();
+            table.lookup(parent.nodeid, OsStr::new(name), Some(fd), &st)
+        };
+        let d = look(&table.root(), "d");
+        let a = look(&d, "a.txt");
+        let b = look(&d, "b.txt");
+        assert_eq!(a.nodeid, b.nodeid);
+        let (did, fid) = (d.nodeid, a.nodeid);
+        drop((a, b, d));
+        table.forget(did, 1);
+        table.forget(fid, 2);
+        assert_eq!(table.len(), 1, "only the root is referenced");
+        let d = look(&table.root(), "d");
+        let b = look(&d, "b.txt");
+        let mut remembered = b.remembered.lock().clone();
+        remembered.sort();
+        assert_eq!(
+            remembered,
+            [PathBuf::from("d/a.txt"), PathBuf::from("d/b.txt")]
         );
     }
 }
