@@ -950,7 +950,7 @@ mod tests {
             let st = sys::stat_fd(fd.as_fd()).unwrap();
             table.lookup(parent.nodeid, OsStr::new(name), Some(fd), &st)
         };
-        let d = look(&table.root(), "d");
+        let d = look(table.root(), "d");
         let a = look(&d, "a.txt");
         let b = look(&d, "b.txt");
         assert_eq!(a.nodeid, b.nodeid);
@@ -959,7 +959,7 @@ mod tests {
         table.forget(did, 1);
         table.forget(fid, 2);
         assert_eq!(table.len(), 1, "only the root is referenced");
-        let d = look(&table.root(), "d");
+        let d = look(table.root(), "d");
         let b = look(&d, "b.txt");
         let mut remembered = b.remembered.lock().clone();
         remembered.sort();
