@@ -28,6 +28,9 @@ fn git(gitdir: &Path, args: &[&str]) -> Option<String> {
 /// [`git`] with `input` on its stdin.
 fn git_with(gitdir: &Path, args: &[&str], input: Option<&str>) -> Option<String> {
     let mut child = Command::new("git")
+        // (Not the serving thread's working directory, which is a workspace directory:
+        // see `sys::dir_path`.)
+        .current_dir("/")
         .arg("--git-dir")
         .arg(gitdir)
         .args([

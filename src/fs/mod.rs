@@ -516,8 +516,9 @@ impl Fs {
         if dir.nodeid == inode::ROOT {
             return Ok(PathBuf::new());
         }
-        let fd = self.fd(dir)?;
-        let real = sys::fd_path_in(self.proc_fd.as_fd(), fd.as_fd())?;
+        let real = sys::dir_path(self.proc_fd.as_fd(), (dir.dev, dir.ino), || {
+            self.table.fd(dir)
+        })?;
         let root = self.root_path.lock().clone();
         if let Ok(rel) = real.strip_prefix(&root) {
             return Ok(rel.to_path_buf());

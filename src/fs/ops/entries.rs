@@ -313,7 +313,7 @@ impl Fs {
         let pfd = self.fd(&p)?;
         // The stale check and the unlink are one step for any other stale-checked change of
         // the file (an open for write, a rename, a write).
-        let (_stale, st) = self.lock_names(&[(pfd.as_fd(), name)]);
+        let (_stale, st) = self.lock_names(&[(pfd.as_fd(), (p.dev, p.ino), name)]);
         let st = st[0].ok_or(FsError::Os(libc::ENOENT))?;
         let prev = if st.st_mode & libc::S_IFMT == libc::S_IFREG {
             Some(st.st_size as u64)

@@ -10,30 +10,34 @@ impl Fs {
     /// Take the stale locks of the files these names point to (see
     /// [`InodeTable::stale_locks`](crate::fs::inode::InodeTable::stale_locks)), and their stat
     /// under the locks (`None`: no such name). A name re-pointed between the look and the
-    /// locking is looked at again.
+    /// locking is looked at again. Each name is given with its directory's handle and
+    /// backing (dev, ino).
     pub(super) fn lock_names(
         &self,
-        names: &[(std::os::fd::BorrowedFd<'_>, &OsStr)],
+        names: &[NameAt<'_>],
     ) -> (
         Vec<crate::fs::inode::StaleGuard<'_>>,
         Vec<Option<sys::Stat>>,
     ) {
-        let l = self.lock_names_owing(names, None);
+        let l = self.lock_names_owing(names, None, None);
         (l.guards, l.stats)
     }
 
     /// [`Fs::lock_names`], where the file the first name points to may still owe entries
     /// of `own`'s changes only (see
     /// [`InodeTable::stale_locks_owing`](crate::fs::inode::InodeTable::stale_locks_owing)).
+    /// `seen`: what the names were just found to point to, if the caller looked (looked at
+    /// again under the locks all the same).
     fn lock_names_owing<'s>(
         &'s self,
-        names: &[(std::os::fd::BorrowedFd<'_>, &OsStr)],
+        names: &[NameAt<'_>],
         own: Option<&str>,
+        seen: Option<Vec<Option<sys::Stat>>>,
     ) -> LockedNames<'s> {
         let look = || -> Vec<Option<sys::Stat>> {
             names
                 .iter()
-                .map(|(d, n)| sys::stat_at(*d, n).ok())
+                .map(|(d, _, n)| sys::stat_at(*d, n).ok())
                 .collect()
         };
         // The names themselves are locked too, not only the files they point to: an
@@ -42,11 +46,10 @@ impl Fs {
         // first and leave the ledger saying `t` is gone while it exists.
         let name_keys: Vec<(u64, u64)> = names
             .iter()
-            .filter_map(|(d, n)| {
-                let dir = sys::stat_fd(*d).ok()?;
+            .map(|(_, (dev, ino), n)| {
                 let mut h = std::hash::DefaultHasher::new();
-                std::hash::Hash::hash(&(dir.st_dev, dir.st_ino, n), &mut h);
-                Some((!dir.st_dev, std::hash::Hasher::finish(&h)))
+                std::hash::Hash::hash(&(*dev, *ino, n), &mut h);
+                (!*dev, std::hash::Hasher::finish(&h))
             })
             .collect();
         let key = |v: &[Option<sys::Stat>]| -> Vec<(u64, u64)> {
@@ -64,7 +67,7 @@ impl Fs {
             self.table
                 .stale_locks_owing(&key(v), &first, own.unwrap_or(""))
         };
-        let mut stats = look();
+        let mut stats = seen.unwrap_or_else(look);
         for _ in 0..64 {
             let (guards, owing) = lock(&stats);
             let now = look();
@@ -266,8 +269,14 @@ impl Fs {
         // editor's or `os.replace`'s temporary) does not wait for the entries of that close:
         // its own `RENAME` is written after them, after its reply (see `may_defer`).
         let own = self.may_defer(&g, &r).then_some(g.ident.key.as_str());
-        let locked =
-            self.lock_names_owing(&[(r.pfd.as_fd(), name), (r.npfd.as_fd(), newname)], own);
+        let locked = self.lock_names_owing(
+            &[
+                (r.pfd.as_fd(), r.pkey, name),
+                (r.npfd.as_fd(), r.npkey, newname),
+            ],
+            own,
+            Some(vec![Some(r.src), r.dst]),
+        );
         let (_stale, now) = (locked.guards, locked.stats);
         let ino = |s: &Option<sys::Stat>| s.map(|s| (s.st_dev, s.st_ino));
         if ino(&now[0]) != ino(&Some(r.src)) || ino(&now[1]) != ino(&r.dst) {
@@ -428,6 +437,8 @@ impl Fs {
             name,
             newparent,
             newname,
+            pkey: (p.dev, p.ino),
+            npkey: (np.dev, np.ino),
             pfd,
             npfd,
             from,
@@ -885,6 +896,9 @@ impl Fs {
 }
 
 /// The names a change holds ([`Fs::lock_names_owing`]).
+/// A name to lock: its directory's handle and backing (dev, ino), and the name.
+pub(super) type NameAt<'a> = (std::os::fd::BorrowedFd<'a>, (u64, u64), &'a OsStr);
+
 struct LockedNames<'s> {
     guards: Vec<crate::fs::inode::StaleGuard<'s>>,
     /// What each name points to, under the locks.
@@ -903,6 +917,9 @@ struct RenameReq<'a> {
     newname: &'a OsStr,
     pfd: Arc<std::os::fd::OwnedFd>,
     npfd: Arc<std::os::fd::OwnedFd>,
+    /// The directories' backing (dev, ino).
+    pkey: (u64, u64),
+    npkey: (u64, u64),
     from: PathBuf,
     to: PathBuf,
     src: sys::Stat,

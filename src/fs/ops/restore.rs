@@ -4,7 +4,6 @@
 //! cached of each name it touched (the daemon's own changes raise no fanotify event it
 //! listens to), and each step goes on record as the operator's entry.
 
-use std::ffi::OsStr;
 use std::io;
 use std::os::fd::AsFd;
 use std::path::Path;
@@ -34,23 +33,22 @@ impl Kernel<'_> {
             let (d, name) = self.disk.parent(p)?;
             dirs.push((d, name.to_os_string()));
         }
-        let keys: Vec<(std::os::fd::BorrowedFd<'_>, &OsStr)> = dirs
-            .iter()
-            .map(|(d, n)| (d.as_fd(), n.as_os_str()))
-            .collect();
+        let mut keys: Vec<super::rename::NameAt<'_>> = Vec::new();
+        for (d, n) in &dirs {
+            let st = sys::stat_fd(d.as_fd())?;
+            keys.push((d.as_fd(), (st.st_dev, st.st_ino), n.as_os_str()));
+        }
         let before: Vec<Option<(u64, u64)>> = keys
             .iter()
-            .map(|(d, n)| sys::stat_at(*d, n).ok().map(|s| (s.st_dev, s.st_ino)))
+            .map(|(d, _, n)| sys::stat_at(*d, n).ok().map(|s| (s.st_dev, s.st_ino)))
             .collect();
         let fs = self.fs;
         let r = {
             let (_locks, _) = fs.lock_names(&keys);
             op(&mut self.disk)
         };
-        for ((d, n), child) in keys.iter().zip(before) {
-            if let Ok(st) = sys::stat_fd(*d) {
-                fs.forget_cached((st.st_dev, st.st_ino), n, child);
-            }
+        for ((_, dir, n), child) in keys.iter().zip(before) {
+            fs.forget_cached(*dir, n, child);
         }
         r
     }
