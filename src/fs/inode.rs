@@ -690,6 +690,42 @@ impl InodeTable {
         }
     }
 
+    /// One name's lock and then its file's, with one look at the name (see
+    /// `Fs::lock_names`): `name` is locked (waiting for it while holding nothing), `look`
+    /// says what the name points to under that lock, and the file's lock is taken only if
+    /// it is free at once. Nothing through the mount re-points a name without its lock (an
+    /// unlink or a rename), so what `look` saw holds while both are held. `None` (nothing
+    /// held) when the file's lock is taken or an entry is owed anywhere: the caller takes
+    /// the locks the usual way, in their fixed order.
+    pub fn lock_name_then_file<T>(
+        &self,
+        name: (u64, u64),
+        look: impl FnOnce() -> T,
+        file: impl FnOnce(&T) -> Option<(u64, u64)>,
+    ) -> Option<(Vec<StaleGuard<'_>>, T)> {
+        if self.owed.load(Ordering::Acquire) != 0 || super::recorder::is_recorder() {
+            return None;
+        }
+        let mut guards = self.lock_keys(&[name]);
+        let seen = look();
+        if let Some(key) = file(&seen) {
+            let lock = self.stale_locks.lock().entry(key).or_default().clone();
+            // (Not taken: someone holds it, and forgets it from the map when done.)
+            let held = lock.try_lock_arc()?;
+            drop(lock);
+            guards.push(StaleGuard {
+                locks: &self.stale_locks,
+                key,
+                guard: Some(held),
+            });
+        }
+        // (An entry owed since, of one of these: the usual way waits for it.)
+        if self.owed.load(Ordering::Acquire) != 0 {
+            return None;
+        }
+        Some((guards, seen))
+    }
+
     /// The stale locks of `keys`, locked in a fixed order.
     fn lock_keys(&self, keys: &[(u64, u64)]) -> Vec<StaleGuard<'_>> {
         let mut keys = keys.to_vec();
@@ -966,6 +1002,40 @@ mod tests {
         assert_eq!(
             remembered,
             [PathBuf::from("d/a.txt"), PathBuf::from("d/b.txt")]
+        );
+    }
+
+    /// An unlink's one look at its name: under the name's lock, with its file's lock
+    /// taken only when free, and nothing held when it is not (the caller then takes both
+    /// in their fixed order), nor when an entry is owed.
+    #[test]
+    fn a_name_then_its_file_are_locked_only_when_the_file_is_free() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = sys::open_root(dir.path()).unwrap();
+        let t = InodeTable::new(root, 64).unwrap();
+        let (name, file) = ((!7, 1), (7, 42));
+        let looks = std::cell::Cell::new(0);
+        let look = || {
+            looks.set(looks.get() + 1);
+            Some(file)
+        };
+        let (guards, seen) = t.lock_name_then_file(name, look, |f| *f).unwrap();
+        assert_eq!((guards.len(), seen, looks.get()), (2, Some(file), 1));
+        drop(guards);
+        // The file's lock held elsewhere: nothing held here, the name's lock included.
+        let held = t.stale_locks(&[file]);
+        assert!(t.lock_name_then_file(name, look, |f| *f).is_none());
+        let name_free = t.lock_name_then_file(name, || None, |_: &Option<()>| None);
+        assert_eq!(name_free.map(|(g, _)| g.len()), Some(1));
+        drop(held);
+        // An entry owed (any): the usual way, which waits for it.
+        t.owe(file, "a");
+        assert!(t.lock_name_then_file(name, look, |f| *f).is_none());
+        t.settle(file);
+        assert!(t.lock_name_then_file(name, look, |f| *f).is_some());
+        assert!(
+            t.stale_locks.lock().is_empty(),
+            "every lock is forgotten once free"
         );
     }
 }
