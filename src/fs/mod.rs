@@ -30,6 +30,7 @@ pub mod watch;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -61,6 +62,18 @@ fn deferrable(mt: MutationType) -> bool {
         mt,
         MutationType::Chmod | MutationType::Chown | MutationType::Xattr
     )
+}
+
+/// The part of the absolute path `real` below `root` (both as the kernel writes paths:
+/// no `//`, no trailing `/` but the root's), or None when `real` is not at or below it.
+fn rel_under<'a>(real: &'a [u8], root: &[u8]) -> Option<&'a OsStr> {
+    let rest = real.strip_prefix(root)?;
+    let rel = if root == b"/" || rest.is_empty() {
+        rest
+    } else {
+        rest.strip_prefix(b"/")?
+    };
+    Some(OsStr::from_bytes(rel))
 }
 
 /// What an entry takes besides its paths and its agent's name, at most (ids, times,
@@ -282,7 +295,7 @@ pub struct Fs {
     pub(crate) last_writer: Mutex<HashMap<(u64, u64), (String, crate::guard::stale::Stamp)>>,
     /// The workspace's real path as last seen, to turn `/proc/self/fd` links into
     /// workspace-relative paths.
-    root_path: Mutex<PathBuf>,
+    root_path: parking_lot::RwLock<PathBuf>,
     pub started: i64,
     /// Watches the workspace for changes made outside the mount (cache invalidation).
     pub watch: std::sync::OnceLock<watch::Watcher>,
@@ -348,7 +361,7 @@ impl Fs {
             cfg,
             hashes: hash::HashCache::default(),
             last_writer: Mutex::new(HashMap::new()),
-            root_path: Mutex::new(root_path),
+            root_path: parking_lot::RwLock::new(root_path),
             started: chrono::Utc::now().timestamp(),
             watch: std::sync::OnceLock::new(),
             passthrough: AtomicBool::new(false),
@@ -516,17 +529,24 @@ impl Fs {
         if dir.nodeid == inode::ROOT {
             return Ok(PathBuf::new());
         }
-        let real = sys::dir_path(self.proc_fd.as_fd(), (dir.dev, dir.ino), || {
-            self.table.fd(dir)
-        })?;
-        let root = self.root_path.lock().clone();
-        if let Ok(rel) = real.strip_prefix(&root) {
-            return Ok(rel.to_path_buf());
+        let key = (dir.dev, dir.ino);
+        let under = {
+            let root = self.root_path.read();
+            sys::dir_path_then(
+                self.proc_fd.as_fd(),
+                key,
+                || self.table.fd(dir),
+                |real| rel_under(real, root.as_os_str().as_bytes()).map(PathBuf::from),
+            )?
+        };
+        if let Some(rel) = under {
+            return Ok(rel);
         }
+        let real = sys::dir_path(self.proc_fd.as_fd(), key, || self.table.fd(dir))?;
         // The workspace itself may have moved: refresh and retry once.
         let root_fd = self.fd(self.table.root())?;
         let root = sys::fd_path_in(self.proc_fd.as_fd(), root_fd.as_fd())?;
-        *self.root_path.lock() = root.clone();
+        *self.root_path.write() = root.clone();
         match real.strip_prefix(&root) {
             Ok(rel) => Ok(rel.to_path_buf()),
             // The directory is no longer inside the workspace (moved out from outside the
@@ -597,7 +617,7 @@ impl Fs {
             return None;
         }
         let real = sys::fd_path_in(self.proc_fd.as_fd(), fd).ok()?;
-        let root = self.root_path.lock().clone();
+        let root = self.root_path.read().clone();
         let rel = real.strip_prefix(&root).ok()?.to_path_buf();
         let root_fd = self.fd(self.table.root()).ok()?;
         sys::stat_beneath(root_fd.as_fd(), &rel)
@@ -1014,5 +1034,27 @@ impl Fs {
             }
         }
         Ok((ident, rels))
+    }
+}
+
+#[cfg(test)]
+mod rel_tests {
+    use super::rel_under;
+    use std::ffi::OsStr;
+
+    /// A directory's path below the workspace root, by bytes: at the root, below it, and
+    /// never a sibling whose name only starts with the root's.
+    #[test]
+    fn a_path_is_under_the_root_only_at_a_separator() {
+        fn r<'a>(real: &'a str, root: &str) -> Option<&'a OsStr> {
+            rel_under(real.as_bytes(), root.as_bytes())
+        }
+        assert_eq!(r("/w/ws", "/w/ws"), Some(OsStr::new("")));
+        assert_eq!(r("/w/ws/a/b", "/w/ws"), Some(OsStr::new("a/b")));
+        assert_eq!(r("/w/wsx/a", "/w/ws"), None);
+        assert_eq!(r("/w", "/w/ws"), None);
+        assert_eq!(r("/other/a", "/w/ws"), None);
+        assert_eq!(r("/a/b", "/"), Some(OsStr::new("a/b")));
+        assert_eq!(r("/", "/"), Some(OsStr::new("")));
     }
 }

@@ -403,14 +403,33 @@ pub fn dir_path(
     key: (u64, u64),
     dir: impl FnOnce() -> io::Result<std::sync::Arc<OwnedFd>>,
 ) -> io::Result<std::path::PathBuf> {
+    dir_path_then(proc_fd, key, dir, |p| {
+        std::path::PathBuf::from(OsStr::from_bytes(p).to_os_string())
+    })
+}
+
+/// [`dir_path`], handing the path to `then` from a buffer of the thread's (no allocation
+/// for a path only looked at).
+pub fn dir_path_then<R>(
+    proc_fd: BorrowedFd<'_>,
+    key: (u64, u64),
+    dir: impl FnOnce() -> io::Result<std::sync::Arc<OwnedFd>>,
+    then: impl FnOnce(&[u8]) -> R,
+) -> io::Result<R> {
     let mut cwd = CWD.get();
+    let mut then = Some(then);
     if cwd == Cwd::Own(Some(key)) {
-        if let Ok(p) = getcwd() {
-            return Ok(p);
+        if let Ok(r) = getcwd_then(|p| then.take().map(|f| f(p))) {
+            if let Some(r) = r {
+                return Ok(r);
+            }
         }
         // (Removed since: gone, or made again under another number.)
         cwd = Cwd::Own(None);
     }
+    let then = then
+        .take()
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))?;
     let dir = dir()?;
     if cwd == Cwd::Shared {
         // SAFETY: CLONE_FS gives this thread its own root, working directory and umask
@@ -422,22 +441,52 @@ pub fn dir_path(
     }
     if cwd == Cwd::Refused {
         CWD.set(cwd);
-        return fd_path_in(proc_fd, dir.as_fd());
+        let p = fd_path_in(proc_fd, dir.as_fd())?;
+        return Ok(then(p.as_os_str().as_bytes()));
     }
     CWD.set(Cwd::Own(None));
     rustix::process::fchdir(&*dir)?;
     CWD.set(Cwd::Own(Some(key)));
-    getcwd()
+    getcwd_then(then)
 }
 
-/// `getcwd(2)`: an absolute path, or an error (`ENOENT` when the directory was removed,
-/// and a path the kernel says is not reachable from the root is none).
-fn getcwd() -> io::Result<std::path::PathBuf> {
-    let p = rustix::process::getcwd(Vec::with_capacity(256))?.into_bytes();
-    if p.first() != Some(&b'/') {
-        return Err(io::Error::from_raw_os_error(libc::ENOENT));
-    }
-    Ok(std::path::PathBuf::from(std::ffi::OsString::from_vec(p)))
+thread_local! {
+    /// [`getcwd_then`]'s buffer.
+    static CWD_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `getcwd(2)` into the thread's buffer: `then` of an absolute path, or an error
+/// (`ENOENT` when the directory was removed, and a path the kernel says is not reachable
+/// from the root is none).
+fn getcwd_then<R>(then: impl FnOnce(&[u8]) -> R) -> io::Result<R> {
+    CWD_BUF.with_borrow_mut(|buf| {
+        if buf.capacity() < 512 {
+            buf.reserve(512);
+        }
+        loop {
+            buf.clear();
+            // SAFETY: `buf` has `capacity()` writable bytes; getcwd writes at most that many,
+            // the terminating NUL included.
+            let p = unsafe { libc::getcwd(buf.as_mut_ptr().cast(), buf.capacity()) };
+            if p.is_null() {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::ERANGE) && buf.capacity() < (1 << 20) {
+                    let more = buf.capacity();
+                    buf.reserve(more * 2);
+                    continue;
+                }
+                return Err(e);
+            }
+            // SAFETY: on success `buf` holds a NUL-terminated string of its own.
+            let len = unsafe { libc::strlen(p) };
+            // SAFETY: the first `len` bytes were written by getcwd.
+            unsafe { buf.set_len(len) };
+            if buf.first() != Some(&b'/') {
+                return Err(io::Error::from_raw_os_error(libc::ENOENT));
+            }
+            return Ok(then(buf));
+        }
+    })
 }
 
 pub fn chmod_fd(proc_fd: BorrowedFd<'_>, fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
