@@ -419,10 +419,8 @@ pub fn dir_path_then<R>(
     let mut cwd = CWD.get();
     let mut then = Some(then);
     if cwd == Cwd::Own(Some(key)) {
-        if let Ok(r) = getcwd_then(|p| then.take().map(|f| f(p))) {
-            if let Some(r) = r {
-                return Ok(r);
-            }
+        if let Ok(Some(r)) = getcwd_then(|p| then.take().map(|f| f(p))) {
+            return Ok(r);
         }
         // (Removed since: gone, or made again under another number.)
         cwd = Cwd::Own(None);
