@@ -710,8 +710,16 @@ impl InodeTable {
         let seen = look();
         if let Some(key) = file(&seen) {
             let lock = self.stale_locks.lock().entry(key).or_default().clone();
-            // (Not taken: someone holds it, and forgets it from the map when done.)
-            let held = lock.try_lock_arc()?;
+            let Some(held) = lock.try_lock_arc() else {
+                // Not taken: given back under the map's lock, and forgotten if the holder
+                // let go meanwhile (it saw this copy and left the lock in the map).
+                let mut locks = self.stale_locks.lock();
+                drop(lock);
+                if locks.get(&key).is_some_and(|l| Arc::strong_count(l) == 1) {
+                    locks.remove(&key);
+                }
+                return None;
+            };
             drop(lock);
             guards.push(StaleGuard {
                 locks: &self.stale_locks,

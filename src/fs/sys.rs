@@ -443,7 +443,15 @@ pub fn dir_path_then<R>(
         return Ok(then(p.as_os_str().as_bytes()));
     }
     CWD.set(Cwd::Own(None));
-    rustix::process::fchdir(&*dir)?;
+    if let Err(e) = rustix::process::fchdir(&*dir) {
+        // (A daemon without CAP_DAC_READ_SEARCH may not enter a directory made 000 through
+        // the mount; `/proc` still says where it is, and the mode can be put back.)
+        if e == rustix::io::Errno::ACCESS || e == rustix::io::Errno::PERM {
+            let p = fd_path_in(proc_fd, dir.as_fd())?;
+            return Ok(then(p.as_os_str().as_bytes()));
+        }
+        return Err(e.into());
+    }
     CWD.set(Cwd::Own(Some(key)));
     getcwd_then(then)
 }
@@ -455,35 +463,33 @@ thread_local! {
 
 /// `getcwd(2)` into the thread's buffer: `then` of an absolute path, or an error
 /// (`ENOENT` when the directory was removed, and a path the kernel says is not reachable
-/// from the root is none).
+/// from the root is none; `ENAMETOOLONG` past a page, as `/proc` fails). The system call
+/// itself: glibc's `getcwd` walks up through `..` reading every directory on the way when
+/// the kernel's answer is too long or unreachable, which a deep tree an agent built would
+/// make slow and not atomic.
 fn getcwd_then<R>(then: impl FnOnce(&[u8]) -> R) -> io::Result<R> {
     CWD_BUF.with_borrow_mut(|buf| {
-        if buf.capacity() < 512 {
-            buf.reserve(512);
+        // (The kernel answers at most a page, NUL included.)
+        const MAX: usize = 4096;
+        if buf.capacity() < MAX {
+            buf.reserve(MAX);
         }
-        loop {
-            buf.clear();
-            // SAFETY: `buf` has `capacity()` writable bytes; getcwd writes at most that many,
-            // the terminating NUL included.
-            let p = unsafe { libc::getcwd(buf.as_mut_ptr().cast(), buf.capacity()) };
-            if p.is_null() {
-                let e = io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::ERANGE) && buf.capacity() < (1 << 20) {
-                    let more = buf.capacity();
-                    buf.reserve(more * 2);
-                    continue;
-                }
-                return Err(e);
-            }
-            // SAFETY: on success `buf` holds a NUL-terminated string of its own.
-            let len = unsafe { libc::strlen(p) };
-            // SAFETY: the first `len` bytes were written by getcwd.
-            unsafe { buf.set_len(len) };
-            if buf.first() != Some(&b'/') {
-                return Err(io::Error::from_raw_os_error(libc::ENOENT));
-            }
-            return Ok(then(buf));
+        buf.clear();
+        // SAFETY: `buf` has `capacity()` writable bytes, at least MAX; the system call
+        // writes at most its size argument, the terminating NUL included.
+        let n = unsafe { libc::syscall(libc::SYS_getcwd, buf.as_mut_ptr(), MAX) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
         }
+        // SAFETY: on success the first `n` bytes (the path and its NUL) were written.
+        unsafe { buf.set_len((n as usize).min(MAX)) };
+        if buf.last() == Some(&0) {
+            buf.pop();
+        }
+        if buf.first() != Some(&b'/') {
+            return Err(io::Error::from_raw_os_error(libc::ENOENT));
+        }
+        Ok(then(buf))
     })
 }
 
@@ -1045,5 +1051,22 @@ mod dir_path_tests {
         assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
         // And the thread goes on to another directory.
         assert_eq!(path(&c, kc).unwrap(), root.join("c"));
+    }
+
+    /// A directory deeper than a page of path has none, at once (the kernel's answer, as
+    /// through `/proc`), not one pieced together by walking up through `..`.
+    #[test]
+    fn a_path_past_a_page_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let proc_fd = open_proc_self_fd().unwrap();
+        let name = "d".repeat(250);
+        let mut fd = Arc::new(open_dir_nofollow(t.path()).unwrap());
+        for _ in 0..20 {
+            rustix::fs::mkdirat(&*fd, name.as_str(), rustix::fs::Mode::RWXU).unwrap();
+            fd = Arc::new(open_path(fd.as_fd(), OsStr::new(&name)).unwrap());
+        }
+        let st = stat_fd(fd.as_fd()).unwrap();
+        let e = dir_path(proc_fd.as_fd(), (st.st_dev, st.st_ino), || Ok(fd.clone())).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENAMETOOLONG), "{e}");
     }
 }
