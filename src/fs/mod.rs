@@ -529,20 +529,23 @@ impl Fs {
         if dir.nodeid == inode::ROOT {
             return Ok(PathBuf::new());
         }
-        let key = (dir.dev, dir.ino);
-        let under = {
+        // (The path below the root, or the whole path when it is not below it.)
+        let found = {
             let root = self.root_path.read();
-            sys::dir_path_then(
+            sys::dir_path(
                 self.proc_fd.as_fd(),
-                key,
+                (dir.dev, dir.ino),
                 || self.table.fd(dir),
-                |real| rel_under(real, root.as_os_str().as_bytes()).map(PathBuf::from),
+                |real| match rel_under(real, root.as_os_str().as_bytes()) {
+                    Some(rel) => Ok(PathBuf::from(rel)),
+                    None => Err(PathBuf::from(OsStr::from_bytes(real))),
+                },
             )?
         };
-        if let Some(rel) = under {
-            return Ok(rel);
-        }
-        let real = sys::dir_path(self.proc_fd.as_fd(), key, || self.table.fd(dir))?;
+        let real = match found {
+            Ok(rel) => return Ok(rel),
+            Err(real) => real,
+        };
         // The workspace itself may have moved: refresh and retry once.
         let root_fd = self.fd(self.table.root())?;
         let root = sys::fd_path_in(self.proc_fd.as_fd(), root_fd.as_fd())?;

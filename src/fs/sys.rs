@@ -397,24 +397,13 @@ thread_local! {
 /// the thread's own (`unshare(CLONE_FS)` once per thread): no other thread's moves. The
 /// directory it holds cannot be freed, so no other directory can come to have its
 /// number. A directory removed has no path (`ENOENT`); where a thread cannot have a
-/// working directory of its own, through `/proc`.
-pub fn dir_path(
+/// working directory of its own, through `/proc`. The path is handed to `then` from a
+/// buffer of the thread's (no allocation for a path only looked at).
+pub fn dir_path<R, F: FnOnce(&[u8]) -> R>(
     proc_fd: BorrowedFd<'_>,
     key: (u64, u64),
     dir: impl FnOnce() -> io::Result<std::sync::Arc<OwnedFd>>,
-) -> io::Result<std::path::PathBuf> {
-    dir_path_then(proc_fd, key, dir, |p| {
-        std::path::PathBuf::from(OsStr::from_bytes(p).to_os_string())
-    })
-}
-
-/// [`dir_path`], handing the path to `then` from a buffer of the thread's (no allocation
-/// for a path only looked at).
-pub fn dir_path_then<R>(
-    proc_fd: BorrowedFd<'_>,
-    key: (u64, u64),
-    dir: impl FnOnce() -> io::Result<std::sync::Arc<OwnedFd>>,
-    then: impl FnOnce(&[u8]) -> R,
+    then: F,
 ) -> io::Result<R> {
     let mut cwd = CWD.get();
     let mut then = Some(then);
@@ -429,6 +418,10 @@ pub fn dir_path_then<R>(
         .take()
         .ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))?;
     let dir = dir()?;
+    let via_proc = |then: F| -> io::Result<R> {
+        let p = fd_path_in(proc_fd, dir.as_fd())?;
+        Ok(then(p.as_os_str().as_bytes()))
+    };
     if cwd == Cwd::Shared {
         // SAFETY: CLONE_FS gives this thread its own root, working directory and umask
         // (copies of the process's); no file descriptor table is unshared.
@@ -439,16 +432,14 @@ pub fn dir_path_then<R>(
     }
     if cwd == Cwd::Refused {
         CWD.set(cwd);
-        let p = fd_path_in(proc_fd, dir.as_fd())?;
-        return Ok(then(p.as_os_str().as_bytes()));
+        return via_proc(then);
     }
     CWD.set(Cwd::Own(None));
     if let Err(e) = rustix::process::fchdir(&*dir) {
         // (A daemon without CAP_DAC_READ_SEARCH may not enter a directory made 000 through
         // the mount; `/proc` still says where it is, and the mode can be put back.)
         if e == rustix::io::Errno::ACCESS || e == rustix::io::Errno::PERM {
-            let p = fd_path_in(proc_fd, dir.as_fd())?;
-            return Ok(then(p.as_os_str().as_bytes()));
+            return via_proc(then);
         }
         return Err(e.into());
     }
@@ -996,6 +987,10 @@ mod dir_path_tests {
     use std::os::unix::fs::MetadataExt;
     use std::sync::Arc;
 
+    fn owned(p: &[u8]) -> std::path::PathBuf {
+        std::path::PathBuf::from(OsStr::from_bytes(p))
+    }
+
     fn open(p: &std::path::Path) -> (Arc<OwnedFd>, (u64, u64)) {
         let m = std::fs::metadata(p).unwrap();
         (Arc::new(open_dir_nofollow(p).unwrap()), (m.dev(), m.ino()))
@@ -1015,15 +1010,20 @@ mod dir_path_tests {
         let (c, kc) = open(&root.join("c"));
         // (The process's: its first thread's. A thread spawned shares its spawner's.)
         let process_cwd = std::fs::read_link("/proc/self/cwd").unwrap();
-        let path = |fd: &Arc<OwnedFd>, k| dir_path(proc_fd.as_fd(), k, || Ok(fd.clone()));
+        let path = |fd: &Arc<OwnedFd>, k| dir_path(proc_fd.as_fd(), k, || Ok(fd.clone()), owned);
         assert_eq!(path(&b, kb).unwrap(), root.join("a/b"));
         // (Asked again: the thread is there; renamed above it: the new path.)
         std::fs::rename(root.join("a"), root.join("z")).unwrap();
         let opened = std::sync::atomic::AtomicUsize::new(0);
-        let p = dir_path(proc_fd.as_fd(), kb, || {
-            opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            Ok(b.clone())
-        });
+        let p = dir_path(
+            proc_fd.as_fd(),
+            kb,
+            || {
+                opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Ok(b.clone())
+            },
+            owned,
+        );
         assert_eq!(p.unwrap(), root.join("z/b"));
         assert_eq!(
             opened.into_inner(),
@@ -1066,7 +1066,8 @@ mod dir_path_tests {
             fd = Arc::new(open_path(fd.as_fd(), OsStr::new(&name)).unwrap());
         }
         let st = stat_fd(fd.as_fd()).unwrap();
-        let e = dir_path(proc_fd.as_fd(), (st.st_dev, st.st_ino), || Ok(fd.clone())).unwrap_err();
+        let key = (st.st_dev, st.st_ino);
+        let e = dir_path(proc_fd.as_fd(), key, || Ok(fd.clone()), owned).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENAMETOOLONG), "{e}");
     }
 }

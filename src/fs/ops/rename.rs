@@ -901,7 +901,6 @@ impl Fs {
     }
 }
 
-/// The names a change holds ([`Fs::lock_names_owing`]).
 /// The lock key of the name `n` in the directory with backing `dir` (dev, ino): apart from
 /// every file's (`!dev`), sorted after them.
 fn name_key((dev, ino): (u64, u64), n: &OsStr) -> (u64, u64) {
@@ -913,6 +912,7 @@ fn name_key((dev, ino): (u64, u64), n: &OsStr) -> (u64, u64) {
 /// A name to lock: its directory's handle and backing (dev, ino), and the name.
 pub(super) type NameAt<'a> = (std::os::fd::BorrowedFd<'a>, (u64, u64), &'a OsStr);
 
+/// The names a change holds ([`Fs::lock_names_owing`]).
 struct LockedNames<'s> {
     guards: Vec<crate::fs::inode::StaleGuard<'s>>,
     /// What each name points to, under the locks.
